@@ -1,0 +1,200 @@
+"""Stand-in modules for the parts of TE that load `transformer_engine_torch` or need CUDA.
+
+Each stand-in is a `StrictModule`: it answers only the names listed here. Any other
+name raises `FidelityError` naming the target, the module and the symbol, so a target
+that needs something we do not provide fails at load time with one clear message
+instead of an AttributeError deep inside a case.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import types
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from harness.errors import FidelityError
+
+
+class StrictModule(types.ModuleType):
+    """A module that refuses names it was not given, with a `FidelityError`.
+
+    Dunder look-ups (`__file__`, `__path__`, ...) get a plain AttributeError:
+    `inspect`, and through it `torch.utils.checkpoint`, probe them on every module.
+    """
+
+    def __init__(self, name: str, target: str, symbols: dict[str, Any], prefixes: dict[str, Any]):
+        super().__init__(name)
+        self.__dict__.update(symbols)
+        self.__dict__["_standin_target"] = target
+        self.__dict__["_standin_prefixes"] = prefixes
+
+    def __getattr__(self, symbol: str) -> Any:
+        if symbol.startswith("__") and symbol.endswith("__"):
+            raise AttributeError(symbol)
+        for prefix, factory in self._standin_prefixes.items():
+            if symbol.startswith(prefix):
+                return factory(symbol)
+        raise FidelityError(self._standin_target, self.__name__, symbol)
+
+
+class _StrictClassMeta(type):
+    """Class attributes the stand-in does not define raise `FidelityError` too."""
+
+    _standin_target = "?"
+
+    def __getattr__(cls, symbol: str) -> Any:
+        if symbol.startswith("__") and symbol.endswith("__"):
+            raise AttributeError(symbol)
+        raise FidelityError(cls._standin_target, f"{cls.__module__}.{cls.__name__}", symbol)
+
+
+def _make_fp8_global_state_manager(target: str, module: str) -> type:
+    """FP8 is disabled on the CPU backend: every query answers 'not enabled'."""
+
+    def no(*_args: Any, **_kwargs: Any) -> bool:
+        return False
+
+    def nothing(*_args: Any, **_kwargs: Any) -> None:
+        return None
+
+    namespace = {
+        "__module__": module,
+        "is_fp8_enabled": staticmethod(no),
+        "is_fp8_calibration": staticmethod(no),
+        "with_fp8_parameters": staticmethod(no),
+        "fp8_graph_capturing": staticmethod(no),
+        "is_first_fp8_module": staticmethod(no),
+        "get_fp8_recipe": staticmethod(nothing),
+        "get_fp8_group": staticmethod(nothing),
+        "reduce_and_update_fp8_tensors": staticmethod(nothing),
+    }
+    meta = type("_Meta", (_StrictClassMeta,), {"_standin_target": target})
+    return meta("FP8GlobalStateManager", (), namespace)
+
+
+class Quantizer:
+    """Type stand-in: no quantizer is ever built while FP8 is disabled."""
+
+
+class QuantizedTensorStorage:
+    """Type stand-in: the CPU backend only ever saves plain tensors."""
+
+
+@dataclasses.dataclass(frozen=True)
+class QuantizerRole:
+    """Type stand-in for 2.20's experimental quantizer role."""
+
+    module_type: str = ""
+    tensor_type: str = ""
+    name: str = ""
+
+
+class RecipeState:
+    """Only built for FP8 recipes, which the CPU backend refuses."""
+
+    @staticmethod
+    def create(*_args: Any, **_kwargs: Any) -> None:
+        raise NotImplementedError("FP8 recipes are not available on the CPU backend")
+
+
+@contextlib.contextmanager
+def autocast(enabled: bool = False, **_kwargs: Any) -> Iterator[None]:
+    """Quantized autocast; only the disabled form is meaningful on the CPU."""
+    if enabled:
+        raise NotImplementedError("FP8 autocast is not available on the CPU backend")
+    yield
+
+
+def prepare_for_saving(*tensors: Any) -> tuple[list[Any], list[None]]:
+    """Plain tensors are saved as they are, with no tensor object beside them."""
+    for tensor in tensors:
+        if tensor is not None and not isinstance(tensor, torch.Tensor):
+            raise NotImplementedError(f"cannot save {type(tensor).__name__} on the CPU backend")
+    return list(tensors), [None] * len(tensors)
+
+
+def restore_from_saved(tensor_objects: list[Any], saved_tensors: Any, return_saved_tensors: bool = False) -> Any:
+    restored = list(saved_tensors)[: len(tensor_objects)]
+    if return_saved_tensors:
+        return restored, list(saved_tensors)[len(tensor_objects) :]
+    return restored
+
+
+def restore_from_func_ctx(ctx: Any, return_saved_tensors: bool = False) -> Any:
+    out = restore_from_saved(ctx.tensor_objects, ctx.saved_tensors, return_saved_tensors)
+    ctx.tensor_objects = None
+    return out
+
+
+def is_graph_capturing() -> bool:
+    return False
+
+
+def _no_fusion(name: str) -> Callable[..., Any]:
+    """Releases up to 2.12 import `fuse_*` passes from ops/fused, which imports the
+    compiled extension. They only rewrite TE's kernel ops (BasicLinear, ...), which
+    never appear in a CPU-backend pipeline, so the stand-in leaves the op list as is."""
+
+    def fuse(ops: list[Any], *_args: Any, **_kwargs: Any) -> list[Any]:
+        return ops
+
+    fuse.__name__ = name
+    return fuse
+
+
+def standin_modules(target: str, recipe_module: types.ModuleType) -> dict[str, StrictModule]:
+    """Build the stand-ins for one target. `recipe_module` is the target's own
+    `transformer_engine.common.recipe`, loaded from its source."""
+    recipe_names = {name: getattr(recipe_module, name) for name in dir(recipe_module) if not name.startswith("_")}
+
+    def module(name: str, symbols: dict[str, Any], prefixes: dict[str, Any] | None = None) -> StrictModule:
+        return StrictModule(name, target, symbols, prefixes or {})
+
+    def quantization(name: str) -> StrictModule:
+        symbols: dict[str, Any] = {
+            "FP8GlobalStateManager": _make_fp8_global_state_manager(target, name),
+            "RecipeState": RecipeState,
+            "autocast": autocast,
+            "fp8_autocast": autocast,
+            "QuantizerRole": QuantizerRole,
+        }
+        symbols.update(recipe_names)  # TE re-exports the recipe classes from here
+        return module(name, symbols)
+
+    quantized_tensor_symbols = {
+        "prepare_for_saving": prepare_for_saving,
+        "restore_from_saved": restore_from_saved,
+        "restore_from_func_ctx": restore_from_func_ctx,
+        "QuantizedTensorStorage": QuantizedTensorStorage,
+        "QuantizedTensorBase": QuantizedTensorStorage,
+        "Quantizer": Quantizer,
+    }
+    modules = {
+        "transformer_engine_torch": module("transformer_engine_torch", {}),
+        "transformer_engine.pytorch.quantization": quantization("transformer_engine.pytorch.quantization"),
+        "transformer_engine.pytorch.fp8": quantization("transformer_engine.pytorch.fp8"),
+        "transformer_engine.pytorch.tensor": module(
+            "transformer_engine.pytorch.tensor", {"Quantizer": Quantizer, "QuantizedTensorStorage": QuantizedTensorStorage}
+        ),
+        "transformer_engine.pytorch.quantized_tensor": module(
+            "transformer_engine.pytorch.quantized_tensor", quantized_tensor_symbols
+        ),
+        "transformer_engine.pytorch.tensor.quantized_tensor": module(
+            "transformer_engine.pytorch.tensor.quantized_tensor", quantized_tensor_symbols
+        ),
+        "transformer_engine.pytorch.graph": module(
+            "transformer_engine.pytorch.graph", {"is_graph_capturing": is_graph_capturing}
+        ),
+        "transformer_engine.pytorch.ops.fused": module(
+            "transformer_engine.pytorch.ops.fused", {}, {"fuse_": _no_fusion}
+        ),
+    }
+    # `from ..tensor import quantized_tensor` must find the submodule as an attribute.
+    modules["transformer_engine.pytorch.tensor"].__dict__["quantized_tensor"] = modules[
+        "transformer_engine.pytorch.tensor.quantized_tensor"
+    ]
+    return modules

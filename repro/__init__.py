@@ -1,0 +1,1 @@
+"""What the user touches: the `repro` command line and the rendering of runs."""

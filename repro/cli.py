@@ -1,0 +1,98 @@
+"""The `repro` command line. It parses, calls the engine and prints; no engine logic here."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from tabulate import tabulate
+
+from harness import sources, targets
+from harness.errors import TargetLoadError, UsageError
+from harness.probing import probe
+
+
+def _prepare_row(spec: str, cache, offline: bool) -> tuple[targets.PreparedTarget | None, str | None]:
+    try:
+        return targets.prepare(spec, cache, offline), None
+    except TargetLoadError as exc:
+        return None, str(exc)
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    cache = sources.cache_dir(args.cache_dir)
+    rows = []
+    for spec in args.specs or targets.DEFAULT_TARGETS:
+        prepared, error = _prepare_row(spec, cache, args.offline)
+        if prepared is None:
+            rows.append([spec, "-", "-", "-", "-", "-", f"unavailable: {error}"])
+            continue
+        report = probe(prepared) if prepared.patch_status != "conflict" else {"load_error": "not loaded: patch conflict"}
+        status = "loaded" if not report["load_error"] else f"error: {report['load_error']}"
+        patch = prepared.patch_status if not prepared.patch else f"{prepared.patch_status} ({prepared.patch_detail.splitlines()[0] if prepared.patch_detail else ''})"
+        rows.append([prepared.spec, prepared.kind + ": " + prepared.source, prepared.version, prepared.fuser_sha,
+                     patch, prepared.backend, status])
+        if report.get("description"):
+            rows[-1][-1] += f" — {report['description']}"
+    print(tabulate(rows, headers=["spec", "source", "version", "fuser.py", "patch", "backend", "load"]))
+    return 0
+
+
+def cmd_minimal(args: argparse.Namespace) -> int:
+    cache = sources.cache_dir(args.cache_dir)
+    prepared = targets.prepare(args.target, cache, args.offline)
+    if prepared.patch_status == "conflict":
+        print(f"{prepared.spec}: patch {prepared.patch} conflicts:\n{prepared.patch_detail}")
+        return 1
+    report = probe(prepared, minimal=True)
+    if report["load_error"]:
+        print(f"{prepared.spec}: could not load: {report['load_error']}")
+        return 1
+    outcome = report["minimal"]
+    print(f"target {prepared.spec} (fuser.py {prepared.fuser_sha}, patch {prepared.patch_status})")
+    print("scenario: Sequential(MakeExtraOutput(), RMSNorm) on a non-leaf input under torch.no_grad()")
+    if outcome["completed"]:
+        print(f"completed: outputs {outcome['output_shapes']}")
+    else:
+        error = outcome["error"]
+        print(f"raised {error['type']} at {error['location']}: {error['message']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="repro", description="Reproduce and verify TE op-fuser issue 22.")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", help=f"target cache (default ${sources.CACHE_ENV} or the XDG cache dir)")
+    common.add_argument("--offline", action="store_true", help="use only the cache; never download")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("targets", parents=[common], help="list targets with their source, hash and patch status")
+    p.add_argument("specs", nargs="*", help=f"target specs ({targets.SPEC_FORMS})")
+    p.set_defaults(func=cmd_targets)
+
+    p = sub.add_parser("minimal", parents=[common], help="run the bug report's minimal scenario on one target")
+    p.add_argument("--target", required=True)
+    p.set_defaults(func=cmd_minimal)
+
+    from repro import run_commands
+
+    run_commands.add_parsers(sub, common)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        return args.func(args)
+    except UsageError as exc:
+        print(f"repro: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("repro: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
