@@ -1,0 +1,122 @@
+"""The pipeline catalogue. Each entry is data, in the style of PyTorch's ModuleInfo: how
+to build it from a target's ops, and a plain-PyTorch reference of the same computation.
+
+`exposes_input` records, for the oracle, whether some fuser group hands its input tensor
+back unchanged as an output (MakeExtraOutput's extra output, or Identity's output):
+exactly the tensors that issue 22's `requires_grad_` calls land on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+HIDDEN = 16
+Tensors = Sequence[torch.Tensor]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+    x32 = x.float()
+    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+
+
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), 1e-5).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class PipelineInfo:
+    name: str
+    description: str
+    build: Callable[[dict[str, Any], dict[str, Any]], list[torch.nn.Module]]  # (ops, factory kwargs)
+    reference: Callable[[torch.Tensor, Tensors, Tensors], tuple[torch.Tensor, ...]]  # (x, extra inputs, params)
+    num_extra_inputs: int = 0
+    exposes_input: bool = False
+    in_place_extra_input: bool = False
+    fuser_groups: int = 1
+
+
+class Tanh(torch.nn.Module):
+    """A plain torch module: it splits a te.ops.Sequential into two fuser groups."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(x)
+
+
+def _add_in_place(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """x + residual, also accumulated into the caller's residual buffer, as
+    AddExtraInput(in_place=True) does by design; gradients flow to both."""
+    total = x + residual
+    residual.detach().add_(x.detach())
+    return total
+
+
+PIPELINES: dict[str, PipelineInfo] = {
+    p.name: p
+    for p in (
+        PipelineInfo(
+            "fused_residual_rmsnorm", "[MakeExtraOutput, RMSNorm]: Megatron's TEFusedResidualRMSNorm",
+            lambda o, k: [o["MakeExtraOutput"](), o["RMSNorm"](HIDDEN, **k)],
+            lambda x, e, p: (rms_norm(x, p[0]), x), exposes_input=True,
+        ),
+        PipelineInfo(
+            "fused_residual_rmsnorm_inplace", "[MakeExtraOutput(in_place=True), RMSNorm]",
+            lambda o, k: [o["MakeExtraOutput"](in_place=True), o["RMSNorm"](HIDDEN, **k)],
+            lambda x, e, p: (rms_norm(x, p[0]), x), exposes_input=True,
+        ),
+        PipelineInfo(
+            "residual_layernorm", "[MakeExtraOutput, LayerNorm]",
+            lambda o, k: [o["MakeExtraOutput"](), o["LayerNorm"](HIDDEN, **k)],
+            lambda x, e, p: (layer_norm(x, p[0], p[1]), x), exposes_input=True,
+        ),
+        PipelineInfo(
+            "add_residual_rmsnorm", "[AddExtraInput, MakeExtraOutput, RMSNorm]: residual add + norm",
+            lambda o, k: [o["AddExtraInput"](), o["MakeExtraOutput"](), o["RMSNorm"](HIDDEN, **k)],
+            lambda x, e, p: (rms_norm(x + e[0], p[0]), x + e[0]), num_extra_inputs=1,
+        ),
+        PipelineInfo(
+            "add_residual_rmsnorm_inplace", "[AddExtraInput(in_place=True), MakeExtraOutput, RMSNorm]",
+            lambda o, k: [o["AddExtraInput"](in_place=True), o["MakeExtraOutput"](), o["RMSNorm"](HIDDEN, **k)],
+            lambda x, e, p: (lambda s: (rms_norm(s, p[0]), s))(_add_in_place(x, e[0])),
+            num_extra_inputs=1, in_place_extra_input=True,
+        ),
+        PipelineInfo(
+            "extra_output_only", "[MakeExtraOutput]: the output is itself the pass-through tensor",
+            lambda o, k: [o["MakeExtraOutput"]()], lambda x, e, p: (x, x), exposes_input=True,
+        ),
+        PipelineInfo("identity", "[Identity]", lambda o, k: [o["Identity"]()], lambda x, e, p: (x,), exposes_input=True),
+        PipelineInfo(
+            "reshape", "[Reshape]: a view, not the input itself (control)",
+            lambda o, k: [o["Reshape"]((-1, HIDDEN))], lambda x, e, p: (x.reshape(-1, HIDDEN),),
+        ),
+        PipelineInfo(
+            "rmsnorm", "[RMSNorm] (control)", lambda o, k: [o["RMSNorm"](HIDDEN, **k)],
+            lambda x, e, p: (rms_norm(x, p[0]),),
+        ),
+        PipelineInfo(
+            "linear_bias_extra", "[BasicLinear, Bias, MakeExtraOutput]: the extra output is computed (control)",
+            lambda o, k: [o["BasicLinear"](HIDDEN, HIDDEN, **k), o["Bias"](HIDDEN, **k), o["MakeExtraOutput"]()],
+            lambda x, e, p: (lambda y: (y, y))(x @ p[0].t() + p[1]),
+        ),
+        PipelineInfo(
+            "split_fuser", "[MakeExtraOutput, torch.nn.Tanh-like module, RMSNorm]: two fuser groups",
+            lambda o, k: [o["MakeExtraOutput"](), Tanh(), o["RMSNorm"](HIDDEN, **k)],
+            lambda x, e, p: (rms_norm(torch.tanh(x), p[0]), x), exposes_input=True, fuser_groups=2,
+        ),
+        PipelineInfo(
+            "residual_mlp", "[MakeExtraOutput, RMSNorm, BasicLinear, Bias, GELU, BasicLinear, Bias]: pre-norm MLP",
+            lambda o, k: [
+                o["MakeExtraOutput"](), o["RMSNorm"](HIDDEN, **k), o["BasicLinear"](HIDDEN, 2 * HIDDEN, **k),
+                o["Bias"](2 * HIDDEN, **k), o["GELU"](), o["BasicLinear"](2 * HIDDEN, HIDDEN, **k), o["Bias"](HIDDEN, **k),
+            ],
+            lambda x, e, p: (
+                F.gelu(rms_norm(x, p[0]) @ p[1].t() + p[2], approximate="tanh") @ p[3].t() + p[4], x,
+            ),
+            exposes_input=True,
+        ),
+    )
+}

@@ -1,0 +1,85 @@
+"""The checks that compare one run of a target's pipeline with the unfused reference.
+
+Each returns a list of failure descriptions (empty when the check passes), so every
+failed check is recorded, not only the first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+# Per-dtype tolerances fed to torch.testing.assert_close (as TE's dtype_tols).
+TOLERANCES: dict[torch.dtype, dict[str, float]] = {
+    torch.float32: {"rtol": 1.3e-6, "atol": 1e-5},
+    torch.bfloat16: {"rtol": 1.6e-2, "atol": 1e-2},
+    torch.float16: {"rtol": 1e-3, "atol": 1e-3},
+}
+
+
+def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> list[str]:
+    try:
+        torch.testing.assert_close(actual.detach(), expected.detach(), **TOLERANCES[expected.dtype])
+    except AssertionError as exc:
+        return [f"{what}: {str(exc).splitlines()[0]}"]
+    return []
+
+
+def check_outputs(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], call: str) -> list[str]:
+    if len(actual) != len(expected):
+        return [f"{call}: {len(actual)} outputs, reference has {len(expected)}"]
+    failures = []
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        failures += _close(a, e, f"{call} output {i}")
+    return failures
+
+
+def check_output_requires_grad(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], call: str) -> list[str]:
+    return [
+        f"{call} output {i}: requires_grad={a.requires_grad}, reference {e.requires_grad}"
+        for i, (a, e) in enumerate(zip(actual, expected))
+        if a.requires_grad != e.requires_grad
+    ]
+
+
+def check_gradients(actual: dict[str, torch.Tensor | None], expected: dict[str, torch.Tensor | None]) -> list[str]:
+    failures = []
+    for name, e in expected.items():
+        a = actual.get(name)
+        if (a is None) != (e is None):
+            failures.append(f"grad of {name}: {'missing' if a is None else 'present'}, reference {'missing' if e is None else 'present'}")
+        elif a is not None and e is not None:
+            failures += _close(a, e, f"grad of {name}")
+    return failures
+
+
+def snapshot(tensor: torch.Tensor) -> dict[str, Any]:
+    """What a caller can observe of its own tensor."""
+    return {
+        "requires_grad": tensor.requires_grad,
+        "is_leaf": tensor.is_leaf,
+        "grad_fn": type(tensor.grad_fn).__name__ if tensor.grad_fn is not None else None,
+        "version": tensor._version,
+        "value": tensor.detach().clone(),
+    }
+
+
+def check_caller_tensors(
+    before: dict[str, dict[str, Any]], after: dict[str, dict[str, Any]],
+    ref_before: dict[str, dict[str, Any]], ref_after: dict[str, dict[str, Any]],
+) -> list[str]:
+    """The call changes the caller's tensors exactly as the reference call does: not at
+    all, except what an in-place op changes by design."""
+    failures = []
+    for name in before:
+        for key in ("requires_grad", "is_leaf", "grad_fn"):
+            if after[name][key] != ref_after[name][key]:
+                failures.append(f"caller's {name}.{key}: {before[name][key]} -> {after[name][key]}, reference -> {ref_after[name][key]}")
+        bumps = after[name]["version"] - before[name]["version"]
+        ref_bumps = ref_after[name]["version"] - ref_before[name]["version"]
+        if (bumps > 0) != (ref_bumps > 0):
+            failures.append(f"caller's {name} modified in place {bumps} time(s), reference {ref_bumps}")
+        failures += _close(after[name]["value"], ref_after[name]["value"], f"caller's {name} value")
+    return failures

@@ -1,0 +1,204 @@
+"""Run one case on a loaded target and on the unfused reference, and judge it.
+
+Test and reference tensors are built from the same values (TE's
+make_reference_and_test_tensors). The reference runs under the same grad mode and the
+same recompute wrapper, so every difference is the fuser's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import zlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from cases import deviations, issue22
+from cases.matrix import Case
+from cases.pipelines import HIDDEN, PIPELINES
+from harness import checks
+from harness.frames import error_record
+from harness.loader import LoadedTarget
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+OUTCOME_OF_CHECK = {
+    "completion": "crash", "outputs": "wrong_output", "output_requires_grad": "wrong_output",
+    "gradients": "wrong_grad", "caller_tensors": "side_effect",
+}
+_megatron_random: Any = None
+
+
+def import_megatron(device: str) -> Any:
+    """Megatron's own tensor_parallel.random, imported before any target: importing it
+    probes `import transformer_engine`, which must not find a loaded target."""
+    global _megatron_random
+    if _megatron_random is None:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from megatron.core.tensor_parallel import random as megatron_random
+        from harness.devices import point_megatron_rng_at
+
+        point_megatron_rng_at(device, megatron_random)
+        _megatron_random = megatron_random
+    return _megatron_random
+
+
+@contextlib.contextmanager
+def grad_mode(name: str) -> Iterator[None]:
+    if name == "enabled":
+        with torch.enable_grad():
+            yield
+    elif name == "no_grad":
+        with torch.no_grad():
+            yield
+    elif name == "inference_mode":
+        with torch.inference_mode():
+            yield
+    else:  # enable_grad_inside_no_grad
+        with torch.no_grad(), torch.enable_grad():
+            yield
+
+
+def wrap(function: Callable[..., Any], recompute: str, device: str) -> Callable[..., Any]:
+    if recompute == "none":
+        return function
+    if recompute == "megatron":
+        random = import_megatron(device)
+        return lambda *args: random.checkpoint(function, False, *args)
+    reentrant = recompute == "checkpoint_reentrant"
+    return lambda *args: torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=reentrant)
+
+
+def make_inputs(case: Case, values: torch.Tensor, residual: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The caller's tensors for one input kind: 'x' is what is passed, 'base' the leaf behind it."""
+    wants_grad = case.input in issue22.INPUTS_REQUIRING_GRAD
+    tensors: dict[str, torch.Tensor] = {}
+    if case.input == "leaf":
+        tensors["x"] = values.clone()
+    elif case.input == "leaf_requires_grad":
+        tensors["x"] = values.clone().requires_grad_()
+    elif case.input == "non_leaf":
+        tensors["base"] = (values / 2).requires_grad_()
+        tensors["x"] = tensors["base"] * 2
+    elif case.input == "view":
+        tensors["base"] = values.clone().reshape(-1).requires_grad_()
+        tensors["x"] = tensors["base"].view(values.shape)
+    else:  # detached
+        tensors["base"] = values.clone().requires_grad_()
+        tensors["x"] = (tensors["base"] * 1).detach()
+    if PIPELINES[case.pipeline].num_extra_inputs:
+        tensors["residual"] = residual.clone().requires_grad_(wants_grad)
+    return tensors
+
+
+def _as_tuple(out: Any) -> tuple[torch.Tensor, ...]:
+    return out if isinstance(out, tuple) else (out,)
+
+
+def _calls(case: Case, function: Callable[..., Any], args: list[torch.Tensor]) -> list[tuple[torch.Tensor, ...]]:
+    """Every call the case makes; the last one is the one backward runs through."""
+    if case.sequence == "recompute_pattern":
+        with torch.no_grad():
+            first = _as_tuple(function(*args))
+        return [first, _as_tuple(function(*args))]
+    wrapped = wrap(function, case.recompute, case.device)
+    with grad_mode(case.grad_mode):
+        return [_as_tuple(wrapped(*args))]
+
+
+def _backward(outputs: tuple[torch.Tensor, ...], weights: list[torch.Tensor]) -> None:
+    loss = sum((o.float() * w).sum() for o, w in zip(outputs, weights) if o.requires_grad)
+    if isinstance(loss, torch.Tensor):
+        loss.backward()
+
+
+class Side:
+    """One side of the comparison: the target's pipeline, or the reference."""
+
+    def __init__(self, case: Case, function: Callable[..., Any], tensors: dict[str, torch.Tensor],
+                 params: dict[str, torch.Tensor]) -> None:
+        self.case, self.function, self.tensors, self.params = case, function, tensors, params
+
+    def run(self, weights_for: Callable[[tuple[torch.Tensor, ...]], list[torch.Tensor]]) -> None:
+        self.before = {n: checks.snapshot(t) for n, t in self.tensors.items()}
+        args = [self.tensors["x"]] + ([self.tensors["residual"]] if "residual" in self.tensors else [])
+        self.outputs = _calls(self.case, self.function, args)
+        # Values as returned: an in-place op may alias a buffer that a later call changes.
+        self.output_values = [tuple(o.detach().clone() for o in call) for call in self.outputs]
+        self.after = {n: checks.snapshot(t) for n, t in self.tensors.items()}
+        last = self.outputs[-1]
+        if any(o.requires_grad for o in last):
+            _backward(last, weights_for(last))
+        leaves = {n: t for n, t in self.tensors.items() if n != "x" or t.is_leaf}
+        self.grads = {n: t.grad for n, t in {**leaves, **self.params}.items()}
+
+
+def build_module(case: Case, target: LoadedTarget) -> torch.nn.Module:
+    kwargs = {"device": case.device, "dtype": DTYPES[case.dtype]}
+    return target.ops["Sequential"](*PIPELINES[case.pipeline].build(target.ops, kwargs))
+
+
+def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
+    """Judge one case; returns the fields of its result record (without the verdict)."""
+    started = time.perf_counter()
+    seed = zlib.crc32(case.case_id.encode())
+    torch.manual_seed(seed)
+    dtype = DTYPES[case.dtype]
+    module = build_module(case, target)
+    params = dict(module.named_parameters())
+    for p in params.values():
+        p.requires_grad_(case.params == "trainable")
+    ref_params = {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in params.items()}
+    values = torch.randn(4, HIDDEN, dtype=dtype, device=case.device)
+    residual = torch.randn(4, HIDDEN, dtype=dtype, device=case.device)
+    reference = PIPELINES[case.pipeline].reference
+    ordered_ref_params = list(ref_params.values())
+
+    weights: list[torch.Tensor] = []
+
+    def weights_for(outputs: tuple[torch.Tensor, ...]) -> list[torch.Tensor]:
+        while len(weights) < len(outputs):
+            weights.append(torch.randn(outputs[len(weights)].shape, device=case.device))
+        return weights
+
+    test = Side(case, module, make_inputs(case, values, residual), params)
+    ref = Side(case, lambda x, *extra: reference(x, extra, ordered_ref_params), make_inputs(case, values, residual),
+               ref_params)
+    try:
+        ref.run(weights_for)
+    except Exception as exc:
+        return _record("harness_error", ["reference"], error_record(exc, None), started,
+                       note="the unfused reference itself failed")
+    try:
+        test.run(weights_for)
+    except Exception as exc:
+        return _record("crash", ["completion"], error_record(exc, target.te_dir), started)
+
+    failed: dict[str, list[str]] = {}
+    for call, (actual, expected) in enumerate(zip(test.outputs, ref.outputs)):
+        label = f"call {call + 1}"
+        if f := checks.check_outputs(test.output_values[call], ref.output_values[call], label):
+            failed.setdefault("outputs", []).extend(f)
+        if f := checks.check_output_requires_grad(actual, expected, label):
+            failed.setdefault("output_requires_grad", []).extend(f)
+    if f := checks.check_gradients(test.grads, ref.grads):
+        failed["gradients"] = f
+    if f := checks.check_caller_tensors(test.before, test.after, ref.before, ref.after):
+        failed["caller_tensors"] = f
+    failed, known = deviations.split_known(case, failed)
+    outcome = next((OUTCOME_OF_CHECK[c] for c in OUTCOME_OF_CHECK if c in failed), "pass")
+    record = _record(outcome, list(failed), None, started, details=failed)
+    record["known_deviations"] = known
+    return record
+
+
+def _record(outcome: str, failed_checks: list[str], error: dict[str, Any] | None, started: float,
+            details: dict[str, list[str]] | None = None, note: str | None = None) -> dict[str, Any]:
+    return {
+        "outcome": outcome, "failed_checks": failed_checks, "error": error,
+        "details": details or {}, "known_deviations": [], "note": note, "duration_s": round(time.perf_counter() - started, 6),
+    }
