@@ -1,0 +1,118 @@
+"""pytest plugin: each case of a case file becomes a pytest item, so pytest-xdist spreads
+them over worker processes. One pytest session runs one target.
+
+Workers load the target once, on their first case, and append one JSON line per case
+to the run's JSONL as soon as it finishes. The controller records cases whose worker
+died or that hit the per-case timeout, which never reach a worker's own record.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cases.matrix import Case
+from harness.errors import TargetLoadError
+from harness.targets import PreparedTarget
+
+_state: dict[str, Any] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("repro")
+    group.addoption("--repro-target", help="PreparedTarget JSON")
+    group.addoption("--repro-jsonl", help="where to append result records")
+
+
+def append_record(path: Path, record: dict[str, Any]) -> None:
+    line = json.dumps(record) + "\n"
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.write(line)
+        handle.flush()
+        os.fsync(handle.fileno())
+        fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _target(config: pytest.Config, needs_megatron: bool) -> Any:
+    if "target" not in _state:
+        prepared = PreparedTarget.from_json(config.getoption("--repro-target"))
+        if needs_megatron:
+            from harness.execute import import_megatron
+
+            try:
+                import_megatron("cpu")
+            except Exception as exc:  # recorded per case as a skip with this reason
+                _state["megatron_error"] = f"megatron-core CheckpointFunction unavailable: {exc}"
+        from harness.loader import load
+
+        try:
+            _state["target"] = load(prepared)
+            description = _state["target"].description
+        except TargetLoadError as exc:
+            _state["target"], description = exc, f"load error: {exc}"
+        # The runner reads which ops were TE's own and which the backend's from here.
+        Path(config.getoption("--repro-jsonl")).parent.joinpath(
+            "sessions", re.sub(r"[^A-Za-z0-9_.-]", "_", prepared.spec) + ".description").write_text(description)
+    return _state["target"]
+
+
+class CaseFile(pytest.File):
+    def collect(self):  # type: ignore[no-untyped-def]
+        payload = json.loads(self.path.read_text())
+        needs_megatron = any(c["recompute"] == "megatron" for c in payload["cases"])
+        for case in payload["cases"]:
+            yield CaseItem.from_parent(self, name=Case(**case).case_id, case=Case(**case),
+                                       needs_megatron=needs_megatron)
+
+
+class CaseItem(pytest.Item):
+    def __init__(self, *, case: Case, needs_megatron: bool, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.case, self.needs_megatron = case, needs_megatron
+
+    def runtest(self) -> None:
+        from harness.records import judge
+
+        target = _target(self.config, self.needs_megatron)
+        record = judge(self.case, target, _state.get("megatron_error"))
+        append_record(Path(self.config.getoption("--repro-jsonl")), record)
+        if record["outcome"] == "harness_error":
+            raise AssertionError(record["error"]["message"] if record["error"] else record["note"])
+
+    def reportinfo(self):  # type: ignore[no-untyped-def]
+        return self.path, None, self.name
+
+
+def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
+    if file_path.name.endswith(".cases.json"):
+        return CaseFile.from_parent(parent, path=file_path)
+    return None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _state["config"] = config
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """On the controller: a case that killed its worker or timed out leaves no record of
+    its own, so write one here."""
+    config = _state.get("config")
+    if report.passed or config is None or hasattr(config, "workerinput") or "::" not in report.nodeid:
+        return
+    text = str(report.longrepr)
+    if "crashed while running" in text:
+        why = "worker died"
+    elif "Timeout" in text:
+        why = "per-case timeout"
+    else:
+        return
+    from harness.records import lost_case_record
+
+    append_record(Path(config.getoption("--repro-jsonl")), lost_case_record(report.nodeid, why, text))

@@ -1,0 +1,120 @@
+"""Result records: one per (case, target), as streamed to results.jsonl and kept in run.json."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from cases import issue22
+from cases.matrix import Case
+from harness.errors import TargetLoadError
+from harness.patching import load_patch
+
+SCHEMA = "repro.run/1"
+
+
+def target_has_fix(prepared: Any) -> bool:
+    """Whether the target's fuser source carries issue 22's fix: patched by us, or
+    recognised by the marker the backport declares (as upstream's 2.16.0 fix is)."""
+    if prepared.patch_status in ("applied", "already-applied"):
+        return True
+    patch = load_patch("backport")
+    fuser = Path(prepared.root or "") / patch.marker_file if prepared.root and patch.marker_file else None
+    import re
+
+    return bool(fuser and fuser.is_file() and re.search(patch.marker_pattern or "", fuser.read_text()))
+
+
+def base_record(case: Case, target_spec: str) -> dict[str, Any]:
+    prediction = issue22.predict(case)
+    return {"case_id": case.case_id, "target": target_spec, **case.as_dict(),
+            "expected": prediction.expected, "predicted_effect": prediction.effect}
+
+
+def finish(record: dict[str, Any], has_fix: bool) -> dict[str, Any]:
+    record["verdict"] = issue22.verdict(record["expected"], record["outcome"], has_fix)
+    return record
+
+
+def skipped_record(case: Case, target_spec: str, reason: str) -> dict[str, Any]:
+    record = base_record(case, target_spec)
+    record.update(outcome="skipped", failed_checks=[], error=None, details={}, known_deviations=[],
+                  note=reason, duration_s=0.0)
+    return finish(record, False)
+
+
+def judge(case: Case, target: Any, megatron_error: str | None) -> dict[str, Any]:
+    """Run one case on a loaded target (or record why it cannot run)."""
+    from harness.execute import run_case
+
+    spec = target.prepared.spec if not isinstance(target, TargetLoadError) else "?"
+    if isinstance(target, TargetLoadError):
+        record = base_record(case, spec)
+        record.update(outcome="harness_error", failed_checks=["load"], error=None, details={},
+                      known_deviations=[], note=str(target), duration_s=0.0)
+        return finish(record, False)
+    if case.recompute == "megatron" and megatron_error:
+        return skipped_record(case, spec, megatron_error)
+    from cases.pipelines import PIPELINES
+
+    missing = [op for op, why in target.missing_ops.items() if op in _ops_of(PIPELINES[case.pipeline])]
+    if missing:
+        return skipped_record(case, spec, f"target lacks {', '.join(missing)}: {target.missing_ops[missing[0]]}")
+    record = base_record(case, spec)
+    try:
+        record.update(run_case(case, target))
+    except Exception as exc:  # a failure of the harness itself, never a pass
+        record.update(outcome="harness_error", failed_checks=["harness"], error={"type": type(exc).__name__,
+                      "message": str(exc), "location": None}, details={}, known_deviations=[],
+                      note="the harness failed building or judging the case", duration_s=0.0)
+    return finish(record, _has_fix_cached(target))
+
+
+_fix_cache: dict[str, bool] = {}
+
+
+def _has_fix_cached(target: Any) -> bool:
+    spec = target.prepared.spec
+    if spec not in _fix_cache:
+        _fix_cache[spec] = target_has_fix(target.prepared)
+    return _fix_cache[spec]
+
+
+def _ops_of(pipeline: Any) -> str:
+    return pipeline.description
+
+
+def lost_case_record(nodeid: str, why: str, text: str) -> dict[str, Any]:
+    """The record for a case that never wrote its own: its worker died, or it hung."""
+    case = Case(*nodeid.rsplit("::", 1)[1].split("-"))
+    from harness.targets import PreparedTarget
+
+    prepared = PreparedTarget.from_json(_target_spec_from_env() or "{}")
+    record = base_record(case, prepared.spec)
+    record.update(outcome="crash", failed_checks=["completion"], details={}, known_deviations=[],
+                  error={"type": "WorkerDied" if why == "worker died" else "Timeout", "message": why,
+                         "location": None, "traceback": text[-4000:]}, note=why, duration_s=0.0)
+    return finish(record, target_has_fix(prepared))
+
+
+def _target_spec_from_env() -> str:
+    from harness.plugin import _state
+
+    config = _state.get("config")
+    return config.getoption("--repro-target") if config is not None else "{}"
+
+
+def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Records from a JSONL file; a corrupt or truncated line is reported by number and skipped."""
+    records, problems = [], []
+    if not path.is_file():
+        return records, problems
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            problems.append(f"{path.name} line {number}: corrupt record skipped ({exc.msg})")
+    return records, problems

@@ -1,0 +1,66 @@
+"""`repro run` and `repro list`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import Counter
+from pathlib import Path
+
+from tabulate import tabulate
+
+from cases.axes import AXES
+from cases.matrix import MAX_CASES_DEFAULT, PRESETS, generate, skip_reason
+from harness import sources, targets
+from harness.runner import run_matrix
+from repro.summary import exit_status, render_terminal
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    specs = [s for s in (args.targets.split(",") if args.targets else targets.DEFAULT_TARGETS) if s]
+    for spec in specs:
+        targets.parse_spec(spec)  # fail fast on a bad spec, before any work
+    generate(args.matrix, args.only, args.max_cases)
+    out_dir = Path(args.out or Path("runs") / args.matrix)
+    cache = sources.cache_dir(args.cache_dir)
+    run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline, args.max_cases,
+                     progress=_progress)
+    (out_dir / "run.json").write_text(json.dumps(run, indent=1))
+    print(render_terminal(run))
+    print(f"\nrun dir: {out_dir}")
+    return exit_status(run)
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    cases = generate(args.matrix, args.only, args.max_cases)
+    feasible = [c for c in cases if skip_reason(c) is None]
+    rows = []
+    for axis in AXES:
+        counts = Counter(getattr(c, axis) for c in cases)
+        runnable = Counter(getattr(c, axis) for c in feasible)
+        rows += [[axis, value, counts[value], runnable[value]] for value in AXES[axis] if counts[value]]
+    print(tabulate(rows, headers=["axis", "value", "cases", "runnable"]))
+    print(f"\n{len(cases)} cases per target, {len(feasible)} runnable, {len(cases) - len(feasible)} skipped with a reason")
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    selection = argparse.ArgumentParser(add_help=False)
+    selection.add_argument("--matrix", default="issue22", help=f"preset: {', '.join(PRESETS)}")
+    selection.add_argument("--only", action="append", metavar="AXIS=V[,V]", help="keep only these axis values")
+    selection.add_argument("--max-cases", type=int, default=MAX_CASES_DEFAULT, help="refuse larger selections")
+
+    p = sub.add_parser("run", parents=[common, selection], help="run a case matrix over targets")
+    p.add_argument("--targets", help=f"comma-separated specs (default {','.join(targets.DEFAULT_TARGETS)})")
+    p.add_argument("--out", help="run dir (default runs/<matrix>)")
+    p.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1), help="xdist workers per target")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("list", parents=[selection], help="count cases per axis value without running")
+    p.set_defaults(func=cmd_list)

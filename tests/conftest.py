@@ -1,0 +1,36 @@
+"""Shared fixtures. A process can hold one TE target, so in-process tests share one
+loaded target; everything else runs targets in subprocesses through the real CLI."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import sources, targets
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def cache() -> Path:
+    return sources.cache_dir()
+
+
+@pytest.fixture(scope="session")
+def loaded_target(cache: Path):
+    """te-2.20.2 loaded into this test process (the only target it ever loads)."""
+    from harness.execute import import_megatron
+    from harness.loader import load
+
+    import_megatron("cpu")  # before the target: megatron probes `import transformer_engine`
+    return load(targets.prepare("te-2.20.2", cache))
+
+
+def repro(*args: str, check_rc: int | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "repro", *args], capture_output=True, text=True, cwd=REPO)
+    if check_rc is not None:
+        assert result.returncode == check_rc, result.stdout + result.stderr
+    return result

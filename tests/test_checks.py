@@ -1,0 +1,83 @@
+"""Each check catches what it exists for: deliberately broken CPU ops, run through the
+real te-2.20.2 fuser, give the outcome that check owns."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from cases.matrix import Case
+from harness.execute import run_case
+
+
+def _case(**axes: str) -> Case:
+    base = dict(pipeline="fused_residual_rmsnorm", grad_mode="enabled", input="non_leaf", params="trainable",
+                recompute="none", sequence="single", dtype="float32", device="cpu")
+    return Case(**{**base, **axes})
+
+
+def _with_rmsnorm(target, broken: type):
+    return dataclasses.replace(target, ops={**target.ops, "RMSNorm": broken})
+
+
+def test_sound_op_passes(loaded_target) -> None:
+    assert run_case(_case(), loaded_target)["outcome"] == "pass"
+
+
+def test_wrong_values_are_caught(loaded_target) -> None:
+    class WrongValues(loaded_target.ops["RMSNorm"]):
+        def compute(self, x, weight):
+            return super().compute(x, weight) + 0.5
+
+    record = run_case(_case(), _with_rmsnorm(loaded_target, WrongValues))
+    assert record["outcome"] == "wrong_output" and "outputs" in record["failed_checks"]
+
+
+def test_dropped_gradient_is_caught(loaded_target) -> None:
+    class DropsGrad(loaded_target.ops["RMSNorm"]):
+        def op_backward(self, ctx, grad_output):
+            grad_input, _ = super().op_backward(ctx, grad_output)
+            return grad_input, [None]
+
+    record = run_case(_case(), _with_rmsnorm(loaded_target, DropsGrad))
+    assert record["outcome"] == "wrong_grad"
+    assert any("grad of 1.weight" in d for d in record["details"]["gradients"])
+
+
+def test_flipped_caller_requires_grad_is_caught(loaded_target) -> None:
+    class FlipsCaller(loaded_target.ops["RMSNorm"]):
+        def op_forward(self, ctx, input_, **kwargs):
+            input_.requires_grad_(False)  # the caller's leaf, handed through by the fuser
+            return super().op_forward(ctx, input_, **kwargs)
+
+    record = run_case(_case(pipeline="rmsnorm", grad_mode="no_grad", input="leaf_requires_grad"),
+                      _with_rmsnorm(loaded_target, FlipsCaller))
+    assert record["outcome"] == "side_effect"
+    assert any("requires_grad" in d for d in record["details"]["caller_tensors"])
+
+
+def test_raising_op_is_a_crash_with_te_location(loaded_target) -> None:
+    class Raises(loaded_target.ops["RMSNorm"]):
+        def op_forward(self, ctx, input_, **kwargs):
+            raise ValueError("deliberate")
+
+    record = run_case(_case(), _with_rmsnorm(loaded_target, Raises))
+    assert record["outcome"] == "crash"
+    assert record["error"]["type"] == "ValueError"
+    assert record["error"]["location"].startswith("transformer_engine/pytorch/ops/")
+
+
+@pytest.mark.parametrize("recompute", ["checkpoint_reentrant", "checkpoint_non_reentrant", "megatron"])
+def test_recompute_wrappers_run_backward(loaded_target, recompute: str) -> None:
+    record = run_case(_case(recompute=recompute), loaded_target)
+    assert record["outcome"] == "pass", record
+
+
+def test_megatron_wrapper_is_megatrons_own_class() -> None:
+    from harness.execute import import_megatron
+
+    random = import_megatron("cpu")
+    assert random.CheckpointFunction.__module__ == "megatron.core.tensor_parallel.random"
+    assert torch.is_tensor(random._get_cuda_rng_state())

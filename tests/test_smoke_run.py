@@ -1,0 +1,21 @@
+"""`repro run --matrix smoke` end to end over the four default targets."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.conftest import repro
+
+
+def test_smoke_matrix_end_to_end(tmp_path: Path) -> None:
+    result = repro("run", "--matrix", "smoke", "--out", str(tmp_path), check_rc=0)
+    assert "backport matches upstream te-2.16.0 on every case" in result.stdout
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert run["schema"] == "repro.run/1" and run["complete"]
+    verdicts = {(r["target"], r["verdict"]) for r in run["results"]}
+    assert ("te-2.13.0", "reproduced") in verdicts
+    assert ("te-2.13.0+backport", "fixed") in verdicts
+    assert not any(r["verdict"] in ("regression", "harness_error", "unexpected_pass") for r in run["results"])
+    crash = next(r for r in run["results"] if r["target"] == "te-2.13.0" and r["outcome"] == "crash")
+    assert crash["error"]["location"].startswith("transformer_engine/pytorch/ops/fuser.py:")
