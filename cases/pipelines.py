@@ -55,6 +55,14 @@ def _add_in_place(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
     return total
 
 
+def _norm_and_sum(total: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return rms_norm(total, weight), total
+
+
+def _twice(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return y, y
+
+
 PIPELINES: dict[str, PipelineInfo] = {
     p.name: p
     for p in (
@@ -81,7 +89,7 @@ PIPELINES: dict[str, PipelineInfo] = {
         PipelineInfo(
             "add_residual_rmsnorm_inplace", "[AddExtraInput(in_place=True), MakeExtraOutput, RMSNorm]",
             lambda o, k: [o["AddExtraInput"](in_place=True), o["MakeExtraOutput"](), o["RMSNorm"](HIDDEN, **k)],
-            lambda x, e, p: (lambda s: (rms_norm(s, p[0]), s))(_add_in_place(x, e[0])),
+            lambda x, e, p: _norm_and_sum(_add_in_place(x, e[0]), p[0]),
             num_extra_inputs=1, in_place_extra_input=True,
         ),
         PipelineInfo(
@@ -100,7 +108,7 @@ PIPELINES: dict[str, PipelineInfo] = {
         PipelineInfo(
             "linear_bias_extra", "[BasicLinear, Bias, MakeExtraOutput]: the extra output is computed (control)",
             lambda o, k: [o["BasicLinear"](HIDDEN, HIDDEN, **k), o["Bias"](HIDDEN, **k), o["MakeExtraOutput"]()],
-            lambda x, e, p: (lambda y: (y, y))(x @ p[0].t() + p[1]),
+            lambda x, e, p: _twice(x @ p[0].t() + p[1]),
         ),
         PipelineInfo(
             "split_fuser", "[MakeExtraOutput, torch.nn.Tanh-like module, RMSNorm]: two fuser groups",

@@ -38,7 +38,7 @@ print(json.dumps(out))
 def unavailable_reasons() -> dict[str, str | None]:
     """device -> None when usable, else the exact reason it is not."""
     env = {**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
-    result = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, check=False, env=env, timeout=120)
     try:
         return json.loads(result.stdout.strip().splitlines()[-1])
     except (IndexError, json.JSONDecodeError):

@@ -170,12 +170,12 @@ def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
                ref_params)
     try:
         ref.run(weights_for)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         return _record("harness_error", ["reference"], error_record(exc, None), started,
                        note="the unfused reference itself failed")
     try:
         test.run(weights_for)
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001
         return _record("crash", ["completion"], error_record(exc, target.te_dir), started)
 
     failed: dict[str, list[str]] = {}

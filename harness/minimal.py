@@ -20,7 +20,7 @@ def run_minimal(target: LoadedTarget, hidden: int = 16) -> dict[str, Any]:
     try:
         with torch.no_grad():
             outputs = module(non_leaf)
-    except Exception as exc:  # the observation we exist to record
+    except Exception as exc:  # noqa: BLE001 — the observation we exist to record
         return {"completed": False, "error": error_record(exc, target.te_dir)}
     shapes = [list(t.shape) for t in (outputs if isinstance(outputs, tuple) else (outputs,))]
     return {"completed": True, "error": None, "output_shapes": shapes}

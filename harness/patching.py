@@ -88,7 +88,7 @@ def _git_apply(tree: Path, patch: Path, *flags: str) -> subprocess.CompletedProc
     # The ceiling keeps git from treating an enclosing repository as the tree.
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)}
     return subprocess.run(
-        ["git", "apply", *flags, str(patch)], cwd=tree, capture_output=True, text=True, env=env
+        ["git", "apply", *flags, str(patch)], cwd=tree, capture_output=True, text=True, check=False, env=env
     )
 
 

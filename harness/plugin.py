@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -28,16 +26,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("repro")
     group.addoption("--repro-target", help="PreparedTarget JSON")
     group.addoption("--repro-jsonl", help="where to append result records")
+    group.addoption("--repro-description", help="where to write the loaded target's description")
+
+
+def append_records(path: Path, records: list[dict[str, Any]]) -> None:
+    """Append whole lines under a lock. A flushed write survives the death of this
+    process; an fsync per case (against a kernel crash) would cost more than the case."""
+    text = "".join(json.dumps(record) + "\n" for record in records)
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.write(text)
+        handle.flush()
+        fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:
-    line = json.dumps(record) + "\n"
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.write(line)
-        handle.flush()
-        os.fsync(handle.fileno())
-        fcntl.flock(handle, fcntl.LOCK_UN)
+    append_records(path, [record])
 
 
 def _target(config: pytest.Config, needs_megatron: bool) -> Any:
@@ -48,7 +52,7 @@ def _target(config: pytest.Config, needs_megatron: bool) -> Any:
 
             try:
                 import_megatron("cpu")
-            except Exception as exc:  # recorded per case as a skip with this reason
+            except Exception as exc:  # noqa: BLE001 — recorded per case as a skip with this reason
                 _state["megatron_error"] = f"megatron-core CheckpointFunction unavailable: {exc}"
         from harness.loader import load
 
@@ -58,8 +62,8 @@ def _target(config: pytest.Config, needs_megatron: bool) -> Any:
         except TargetLoadError as exc:
             _state["target"], description = exc, f"load error: {exc}"
         # The runner reads which ops were TE's own and which the backend's from here.
-        Path(config.getoption("--repro-jsonl")).parent.joinpath(
-            "sessions", re.sub(r"[^A-Za-z0-9_.-]", "_", prepared.spec) + ".description").write_text(description)
+        if config.getoption("--repro-description"):
+            Path(config.getoption("--repro-description")).write_text(description)
     return _state["target"]
 
 

@@ -12,7 +12,7 @@ from harness.targets import PreparedTarget
 
 def probe(prepared: PreparedTarget, minimal: bool = False, timeout: float = 300) -> dict[str, Any]:
     command = [sys.executable, "-m", "harness.probe", prepared.to_json()] + (["--minimal"] if minimal else [])
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout)
     if result.returncode != 0 or not result.stdout.strip():
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         return {"load_error": f"probe process failed (exit {result.returncode}): {last}"}

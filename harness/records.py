@@ -64,7 +64,7 @@ def judge(case: Case, target: Any, megatron_error: str | None) -> dict[str, Any]
     record = base_record(case, spec)
     try:
         record.update(run_case(case, target))
-    except Exception as exc:  # a failure of the harness itself, never a pass
+    except Exception as exc:  # noqa: BLE001 — a failure of the harness itself, never a pass
         record.update(outcome="harness_error", failed_checks=["harness"], error={"type": type(exc).__name__,
                       "message": str(exc), "location": None}, details={}, known_deviations=[],
                       note="the harness failed building or judging the case", duration_s=0.0)

@@ -3,6 +3,7 @@ pytest-xdist workers, results streamed to results.jsonl, then gathered into run.
 
 from __future__ import annotations
 
+import json
 import os
 import platform
 import re
@@ -19,9 +20,10 @@ import torch
 from cases.matrix import Case, generate, skip_reason
 from harness import records, targets
 from harness.errors import UsageError
-from harness.plugin import append_record
+from harness.plugin import append_records
 
 CASE_TIMEOUT_S = 120
+LARGE_SESSION = 4000  # runnable cases per target above which one session gets every worker
 
 
 def check_out_dir(out_dir: Path) -> None:
@@ -43,15 +45,29 @@ def environment(prepared: list[targets.PreparedTarget], descriptions: dict[str, 
     }
 
 
-def _count_lines(path: Path, spec: str) -> tuple[int, int]:
-    done = failing = 0
-    if path.is_file():
-        needle = f'"target": "{spec}"'
-        for line in path.read_text().splitlines():
-            if needle in line:
-                done += 1
-                failing += '"outcome": "pass"' not in line and '"outcome": "skipped"' not in line
-    return done, failing
+class ProgressReader:
+    """Counts records per target as they are appended, reading only the new bytes."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self.offset = path, 0
+        self.done: dict[str, int] = {}
+        self.failing: dict[str, int] = {}
+
+    def poll(self) -> None:
+        if not self.path.is_file():
+            return
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        for line in complete.decode(errors="replace").splitlines():
+            match = re.search(r'"target": "([^"]*)"', line)
+            if match:
+                spec = match.group(1)
+                self.done[spec] = self.done.get(spec, 0) + 1
+                bad = '"outcome": "pass"' not in line and '"outcome": "skipped"' not in line
+                self.failing[spec] = self.failing.get(spec, 0) + bad
 
 
 def session_name(spec: str) -> str:
@@ -63,10 +79,9 @@ def _read_description(out_dir: Path, target: targets.PreparedTarget) -> str:
     return path.read_text() if path.is_file() else ""
 
 
-def _run_target_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir: Path, jsonl: Path,
-                        workers: int, progress: Callable[[str], None]) -> int:
-    import json
-
+def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir: Path, jsonl: Path,
+                   workers: int) -> subprocess.Popen[bytes]:
+    """One pytest session for one target; its cases spread over `workers` xdist workers."""
     safe = session_name(prepared.spec)
     case_dir = out_dir / "sessions"
     case_dir.mkdir(exist_ok=True)
@@ -76,23 +91,38 @@ def _run_target_session(prepared: targets.PreparedTarget, cases: list[Case], out
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
                "-p", "harness.plugin", "-p", "no:cacheprovider", "-q", "--no-header", "-rN",
                f"--timeout={CASE_TIMEOUT_S}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
-               str(case_file)]
+               f"--repro-description={case_dir / f'{safe}.description'}", str(case_file)]
     if workers > 1:
         command += ["-n", str(workers)]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
                                                          os.environ.get("PYTHONPATH", "")])}
-    already, _ = _count_lines(jsonl, prepared.spec)
-    last = ""
     with open(case_dir / f"{safe}.log", "w") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-        while process.poll() is None:
-            time.sleep(1.0)
-            done, failing = _count_lines(jsonl, prepared.spec)
-            line = f"  {prepared.spec}: {done - already}/{len(cases)} run, {failing} not passing"
-            if line != last:  # report changes only, so a long run shows steady progress, not noise
-                progress(line)
-                last = line
-    return process.returncode
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+
+
+def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case]]], out_dir: Path, jsonl: Path, workers: int,
+                  progress: Callable[[str], None]) -> None:
+    """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
+    seconds, so for ordinary selections the sessions run side by side, one worker each;
+    a session too large for that gets all the workers, one session at a time."""
+    large = any(len(cases) > LARGE_SESSION for _, cases in plan)
+    concurrent, per_session = (1, workers) if large else (max(1, workers), 1)
+    reader, pending, running, last = ProgressReader(jsonl), list(plan), [], ""
+    reader.poll()
+    baseline = dict(reader.done)
+    totals = {t.spec: len(cases) for t, cases in plan}
+    while pending or running:
+        while pending and len(running) < concurrent:
+            target, cases = pending.pop(0)
+            running.append(_start_session(target, cases, out_dir, jsonl, per_session))
+        time.sleep(0.5)
+        running = [p for p in running if p.poll() is None]
+        reader.poll()
+        line = "  " + "; ".join(f"{spec} {reader.done.get(spec, 0) - baseline.get(spec, 0)}/{total}"
+                                f" ({reader.failing.get(spec, 0)} not passing)" for spec, total in totals.items())
+        if line != last:  # report changes only: steady progress, not noise
+            progress(line)
+            last = line
 
 
 def run_matrix(matrix: str, only: list[str] | None, specs: list[str], out_dir: Path, workers: int, cache: Path,
@@ -103,24 +133,28 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str], out_dir: P
     prepared = [targets.prepare(spec, cache, offline) for spec in specs]
     jsonl = out_dir / "results.jsonl"
     jsonl.unlink(missing_ok=True)
-    descriptions: dict[str, str] = {}
+    (out_dir / "run.json").unlink(missing_ok=True)
+    # Written first, so a run that dies can still say how many results it is missing.
+    (out_dir / "run-meta.json").write_text(json.dumps({
+        "matrix": matrix, "only": only or [], "targets": specs, "expected_results": len(cases) * len(prepared)}))
     from harness.devices import unavailable_reasons
 
     device_reasons = unavailable_reasons() if any(c.device != "cpu" for c in cases) else {"cpu": None}
+    plan = []
     for target in prepared:
-        runnable = []
+        runnable, skipped = [], []
         for case in cases:
             reason = skip_reason(case) or (device_reasons.get(case.device) and
                                            f"device {case.device} unavailable: {device_reasons[case.device]}")
             if reason:
-                append_record(jsonl, records.skipped_record(case, target.spec, reason))
+                skipped.append(records.skipped_record(case, target.spec, reason))
             else:
                 runnable.append(case)
-        progress(f"{target.spec}: {len(runnable)} cases to run, {len(cases) - len(runnable)} skipped")
-        # Worker start-up (torch, the target) costs seconds: small sessions run in one process.
-        session_workers = workers if len(runnable) >= 200 else 1
-        _run_target_session(target, runnable, out_dir, jsonl, session_workers, progress)
-        descriptions[target.spec] = _read_description(out_dir, target)
+        append_records(jsonl, skipped)
+        progress(f"{target.spec}: {len(runnable)} cases to run, {len(skipped)} skipped with a reason")
+        plan.append((target, runnable))
+    _run_sessions(plan, out_dir, jsonl, workers, progress)
+    descriptions = {target.spec: _read_description(out_dir, target) for target in prepared}
     return assemble(out_dir, matrix, cases, prepared, descriptions)
 
 

@@ -68,7 +68,7 @@ def fuser_hash(root: Path) -> str:
 
 
 def _pip(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
 
 
 def index_versions() -> list[str]:

@@ -13,8 +13,8 @@ from harness.execute import run_case
 
 
 def _case(**axes: str) -> Case:
-    base = dict(pipeline="fused_residual_rmsnorm", grad_mode="enabled", input="non_leaf", params="trainable",
-                recompute="none", sequence="single", dtype="float32", device="cpu")
+    base = {"pipeline": "fused_residual_rmsnorm", "grad_mode": "enabled", "input": "non_leaf",
+            "params": "trainable", "recompute": "none", "sequence": "single", "dtype": "float32", "device": "cpu"}
     return Case(**{**base, **axes})
 
 

@@ -10,8 +10,8 @@ from harness.errors import UsageError
 
 
 def _case(**axes: str) -> Case:
-    base = dict(pipeline="fused_residual_rmsnorm", grad_mode="no_grad", input="non_leaf", params="trainable",
-                recompute="none", sequence="single", dtype="float32", device="cpu")
+    base = {"pipeline": "fused_residual_rmsnorm", "grad_mode": "no_grad", "input": "non_leaf",
+            "params": "trainable", "recompute": "none", "sequence": "single", "dtype": "float32", "device": "cpu"}
     return Case(**{**base, **axes})
 
 
