@@ -37,6 +37,32 @@ def cmd_run(args: argparse.Namespace) -> int:
     return exit_status(run)
 
 
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from harness.sweep import sweep
+
+    generate(args.matrix, args.only, args.max_cases)
+    out_dir = Path(args.out or Path("runs") / f"sweep-{args.matrix}")
+    result = sweep(args.matrix, args.only, args.from_version, args.to_version, out_dir, args.workers,
+                   sources.cache_dir(args.cache_dir), args.offline, _progress)
+    (out_dir / "run.json").write_text(json.dumps(result["run"], indent=1))
+    rows = [[r["release"], f"{r['affected_failing']}/{r['affected']}", r["other_failures"], r["verdict"], r["reason"]]
+            for r in result["rows"]]
+    print(tabulate(rows, headers=["release", "affected failing", "other failures", "verdict", "reason"]))
+    first = result["first_fixed"]
+    print(f"\nfirst release in which every affected case passes: {first}" if first else
+          "\nno release in the range fixes every affected case after an affected one")
+    return 0
+
+
+def cmd_devices(args: argparse.Namespace) -> int:
+    from harness.devices import unavailable_reasons
+
+    rows = [[device, "available" if reason is None else "unavailable", reason or ""]
+            for device, reason in unavailable_reasons().items()]
+    print(tabulate(rows, headers=["device", "status", "reason"]))
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     cases = generate(args.matrix, args.only, args.max_cases)
     feasible = [c for c in cases if skip_reason(c) is None]
@@ -64,3 +90,13 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
 
     p = sub.add_parser("list", parents=[selection], help="count cases per axis value without running")
     p.set_defaults(func=cmd_list)
+
+    p = sub.add_parser("sweep", parents=[common, selection], help="run the matrix over every release in a range")
+    p.add_argument("--from", dest="from_version", default="2.8.0", help="oldest release (default 2.8.0)")
+    p.add_argument("--to", dest="to_version", default="latest", help="newest release, or latest")
+    p.add_argument("--out", help="run dir (default runs/sweep-<matrix>)")
+    p.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel sessions")
+    p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("devices", help="list devices with their status or the reason they are unavailable")
+    p.set_defaults(func=cmd_devices)
