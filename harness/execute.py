@@ -19,6 +19,7 @@ from cases import deviations, issue22
 from cases.matrix import Case
 from cases.pipelines import HIDDEN, PIPELINES
 from harness import checks
+from harness.faults import inject_if_asked
 from harness.frames import error_record
 from harness.loader import LoadedTarget
 
@@ -174,6 +175,7 @@ def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
         return _record("harness_error", ["reference"], error_record(exc, None), started,
                        note="the unfused reference itself failed")
     try:
+        inject_if_asked(case.case_id)
         test.run(weights_for)
     except Exception as exc:  # noqa: BLE001
         return _record("crash", ["completion"], error_record(exc, target.te_dir), started)

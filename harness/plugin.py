@@ -15,9 +15,7 @@ from typing import Any
 
 import pytest
 
-from cases.matrix import Case
-from harness.errors import TargetLoadError
-from harness.targets import PreparedTarget
+# Imports of torch-heavy modules stay inside the hooks: the xdist controller needs none.
 
 _state: dict[str, Any] = {}
 
@@ -45,6 +43,9 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
 
 
 def _target(config: pytest.Config, needs_megatron: bool) -> Any:
+    from harness.errors import TargetLoadError
+    from harness.targets import PreparedTarget
+
     if "target" not in _state:
         prepared = PreparedTarget.from_json(config.getoption("--repro-target"))
         if needs_megatron:
@@ -69,6 +70,8 @@ def _target(config: pytest.Config, needs_megatron: bool) -> Any:
 
 class CaseFile(pytest.File):
     def collect(self):  # type: ignore[no-untyped-def]
+        from cases.matrix import Case
+
         payload = json.loads(self.path.read_text())
         needs_megatron = any(c["recompute"] == "megatron" for c in payload["cases"])
         for case in payload["cases"]:
@@ -77,7 +80,7 @@ class CaseFile(pytest.File):
 
 
 class CaseItem(pytest.Item):
-    def __init__(self, *, case: Case, needs_megatron: bool, **kwargs: Any) -> None:
+    def __init__(self, *, case: Any, needs_megatron: bool, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.case, self.needs_megatron = case, needs_megatron
 

@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -80,7 +81,7 @@ def _read_description(out_dir: Path, target: targets.PreparedTarget) -> str:
 
 
 def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir: Path, jsonl: Path,
-                   workers: int) -> subprocess.Popen[bytes]:
+                   workers: int, case_timeout: float) -> subprocess.Popen[bytes]:
     """One pytest session for one target; its cases spread over `workers` xdist workers."""
     safe = session_name(prepared.spec)
     case_dir = out_dir / "sessions"
@@ -90,10 +91,11 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir:
     (case_dir / "pytest.ini").write_text("[pytest]\naddopts =\n")
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
                "-p", "harness.plugin", "-p", "no:cacheprovider", "-q", "--no-header", "-rN",
-               f"--timeout={CASE_TIMEOUT_S}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
+               f"--timeout={case_timeout}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", str(case_file)]
-    if workers > 1:
-        command += ["-n", str(workers)]
+    # Always through xdist, even with one worker: a case that kills its worker is then
+    # recorded and the session goes on with a fresh worker.
+    command += ["-n", str(max(1, workers))]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
                                                          os.environ.get("PYTHONPATH", "")])}
     with open(case_dir / f"{safe}.log", "w") as log:
@@ -101,7 +103,7 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir:
 
 
 def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case]]], out_dir: Path, jsonl: Path, workers: int,
-                  progress: Callable[[str], None]) -> None:
+                  progress: Callable[[str], None], case_timeout: float) -> None:
     """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
     seconds, so for ordinary selections the sessions run side by side, one worker each;
     a session too large for that gets all the workers, one session at a time."""
@@ -111,23 +113,38 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case]]], out_dir
     reader.poll()
     baseline = dict(reader.done)
     totals = {t.spec: len(cases) for t, cases in plan}
-    while pending or running:
-        while pending and len(running) < concurrent:
-            target, cases = pending.pop(0)
-            running.append(_start_session(target, cases, out_dir, jsonl, per_session))
-        time.sleep(0.5)
-        running = [p for p in running if p.poll() is None]
-        reader.poll()
-        line = "  " + "; ".join(f"{spec} {reader.done.get(spec, 0) - baseline.get(spec, 0)}/{total}"
-                                f" ({reader.failing.get(spec, 0)} not passing)" for spec, total in totals.items())
-        if line != last:  # report changes only: steady progress, not noise
-            progress(line)
-            last = line
+    try:
+        while pending or running:
+            while pending and len(running) < concurrent:
+                target, cases = pending.pop(0)
+                running.append(_start_session(target, cases, out_dir, jsonl, per_session, case_timeout))
+            time.sleep(0.5)
+            running = [p for p in running if p.poll() is None]
+            reader.poll()
+            line = "  " + "; ".join(f"{spec} {reader.done.get(spec, 0) - baseline.get(spec, 0)}/{total}"
+                                    f" ({reader.failing.get(spec, 0)} not passing)" for spec, total in totals.items())
+            if line != last:  # report changes only: steady progress, not noise
+                progress(line)
+                last = line
+    finally:
+        # Interrupted (Ctrl-C, SIGTERM): stop the sessions; what they wrote stays in the JSONL.
+        for process in running:
+            process.terminate()
+        for process in running:
+            process.wait()
+
+
+class Interrupted(Exception):
+    """SIGTERM or SIGINT arrived; the partial results stay in the run dir."""
+
+
+def _raise_interrupted(signum: int, _frame: Any) -> None:
+    raise Interrupted(signal.Signals(signum).name)
 
 
 def run_matrix(matrix: str, only: list[str] | None, specs: list[str], out_dir: Path, workers: int, cache: Path,
                offline: bool = False, max_cases: int | None = None,
-               progress: Callable[[str], None] = print) -> dict[str, Any]:
+               progress: Callable[[str], None] = print, case_timeout: float = CASE_TIMEOUT_S) -> dict[str, Any]:
     cases = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}))
     check_out_dir(out_dir)
     prepared = [targets.prepare(spec, cache, offline) for spec in specs]
@@ -153,7 +170,11 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str], out_dir: P
         append_records(jsonl, skipped)
         progress(f"{target.spec}: {len(runnable)} cases to run, {len(skipped)} skipped with a reason")
         plan.append((target, runnable))
-    _run_sessions(plan, out_dir, jsonl, workers, progress)
+    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    try:
+        _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     descriptions = {target.spec: _read_description(out_dir, target) for target in prepared}
     return assemble(out_dir, matrix, cases, prepared, descriptions)
 

@@ -14,7 +14,7 @@ from tabulate import tabulate
 from cases.axes import AXES
 from cases.matrix import MAX_CASES_DEFAULT, PRESETS, generate, skip_reason
 from harness import sources, targets
-from harness.runner import run_matrix
+from harness.runner import CASE_TIMEOUT_S, Interrupted, run_matrix
 from repro.summary import exit_status, render_terminal
 
 
@@ -29,8 +29,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     generate(args.matrix, args.only, args.max_cases)
     out_dir = Path(args.out or Path("runs") / args.matrix)
     cache = sources.cache_dir(args.cache_dir)
-    run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline, args.max_cases,
-                     progress=_progress)
+    try:
+        run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline, args.max_cases,
+                         progress=_progress, case_timeout=args.case_timeout)
+    except (Interrupted, KeyboardInterrupt):
+        print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}; "
+              f"render them with: repro report {out_dir} --format md", file=sys.stderr)
+        return 130
     (out_dir / "run.json").write_text(json.dumps(run, indent=1))
     print(render_terminal(run))
     print(f"\nrun dir: {out_dir}")
@@ -86,6 +91,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--targets", help=f"comma-separated specs (default {','.join(targets.DEFAULT_TARGETS)})")
     p.add_argument("--out", help="run dir (default runs/<matrix>)")
     p.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1), help="xdist workers per target")
+    p.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds before a case is recorded as hung")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("list", parents=[selection], help="count cases per axis value without running")

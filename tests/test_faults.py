@@ -1,0 +1,107 @@
+"""The runner survives faults: dead workers, hung cases, memory exhaustion, signals,
+concurrent runs, corrupt JSONL. Faults come from harness.faults (test-only)."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from harness.faults import ENV
+from harness.records import read_jsonl
+from tests.conftest import REPO
+
+SELECTION = ["--matrix", "smoke", "--only", "pipeline=rmsnorm", "--targets", "te-2.20.2"]
+CASE = "rmsnorm-{}-trainable-none-single-float32-cpu"
+
+
+def _run(out: Path, faults: dict[str, str], *extra: str, limit_bytes: int | None = None,
+         cache: Path | None = None) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, ENV: json.dumps(faults)}
+    if cache:
+        env["TE_REPRO_CACHE"] = str(cache)
+
+    def limit() -> None:
+        if limit_bytes:
+            resource.setrlimit(resource.RLIMIT_AS, (limit_bytes, limit_bytes))
+
+    return subprocess.run([sys.executable, "-m", "repro", "run", *SELECTION, "--out", str(out), *extra],
+                          capture_output=True, text=True, cwd=REPO, env=env, preexec_fn=limit, check=False)
+
+
+def _results(out: Path) -> dict[str, dict]:
+    return {r["case_id"]: r for r in json.loads((out / "run.json").read_text())["results"]}
+
+
+def test_dead_workers_are_recorded_and_the_run_goes_on(tmp_path: Path) -> None:
+    faults = {CASE.format("no_grad-leaf"): "segfault", CASE.format("enabled-leaf"): "exit"}
+    result = _run(tmp_path, faults)
+    results = _results(tmp_path)
+    assert json.loads((tmp_path / "run.json").read_text())["complete"], result.stderr
+    for case_id in faults:
+        assert results[case_id]["outcome"] == "crash"
+        assert results[case_id]["error"]["message"] == "worker died"
+    assert results[CASE.format("no_grad-non_leaf")]["outcome"] == "pass"  # the rest still ran
+    assert result.returncode == 1  # a crash on a fixed release is a regression
+
+
+def test_hung_case_hits_the_timeout(tmp_path: Path) -> None:
+    _run(tmp_path, {CASE.format("no_grad-leaf"): "hang"}, "--case-timeout", "5")
+    record = _results(tmp_path)[CASE.format("no_grad-leaf")]
+    assert record["outcome"] == "crash" and record["error"]["message"] == "per-case timeout"
+    assert _results(tmp_path)[CASE.format("enabled-leaf")]["outcome"] == "pass"
+
+
+def test_unbounded_allocation_is_a_recorded_crash(tmp_path: Path) -> None:
+    _run(tmp_path, {CASE.format("no_grad-leaf"): "allocate"}, limit_bytes=12 << 30)
+    record = _results(tmp_path)[CASE.format("no_grad-leaf")]
+    assert record["outcome"] == "crash"
+    assert record["error"]["type"] == "MemoryError" or record["error"]["message"] == "worker died"
+    assert _results(tmp_path)[CASE.format("enabled-leaf")]["outcome"] == "pass"
+
+
+def test_sigterm_keeps_partial_results(tmp_path: Path) -> None:
+    env = {**os.environ, ENV: json.dumps({CASE.format("no_grad-non_leaf"): "hang"})}
+    process = subprocess.Popen([sys.executable, "-m", "repro", "run", *SELECTION, "--out", str(tmp_path)],
+                               cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        records, _ = read_jsonl(tmp_path / "results.jsonl")
+        if sum(r["outcome"] != "skipped" for r in records) >= 5:
+            break
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130
+    assert "partial results kept" in stderr
+    records, problems = read_jsonl(tmp_path / "results.jsonl")
+    assert len(records) >= 5 and not problems
+    assert not (tmp_path / "run.json").exists()
+
+
+def test_concurrent_runs_share_a_cold_cache(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    env = {**os.environ, "TE_REPRO_CACHE": str(cache)}
+    runs = [subprocess.Popen([sys.executable, "-m", "repro", "run", *SELECTION, "--out", str(tmp_path / f"run{i}")],
+                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for i in range(2)]
+    for process in runs:
+        process.communicate(timeout=300)
+        assert process.returncode == 0
+    for i in range(2):
+        assert json.loads((tmp_path / f"run{i}" / "run.json").read_text())["complete"]
+    assert len(list((cache / "wheels").glob("*.whl"))) == 1
+    assert not [p for p in (cache / "src").iterdir() if p.name.startswith(".")]  # no half-unpacked trees
+
+
+def test_corrupt_jsonl_lines_are_reported_and_skipped(tmp_path: Path) -> None:
+    path = tmp_path / "results.jsonl"
+    path.write_text('{"case_id": "a"}\n{"case_id": "b", "trunc\nnot json at all\n{"case_id": "c"}\n')
+    records, problems = read_jsonl(path)
+    assert [r["case_id"] for r in records] == ["a", "c"]
+    assert [p.split(":")[0] for p in problems] == ["results.jsonl line 2", "results.jsonl line 3"]
