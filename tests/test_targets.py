@@ -89,3 +89,22 @@ def test_unwritable_cache_dir(tmp_path: Path) -> None:
     blocker.write_text("")
     result = repro("targets", "--cache-dir", str(blocker / "sub"), check_rc=2)
     assert "is not writable" in result.stderr
+
+
+def test_unwritable_out_dir_leaves_nothing(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = repro("run", "--matrix", "smoke", "--out", str(blocker / "run"), check_rc=2)
+    assert "output dir" in result.stderr and "not writable" in result.stderr
+    assert list(tmp_path.iterdir()) == [blocker]
+
+
+def test_huge_selection_is_refused_with_its_size() -> None:
+    result = repro("run", "--matrix", "full", check_rc=2)
+    assert "selection has" in result.stderr and "--max-cases" in result.stderr
+
+
+def test_version_not_on_index_leaves_no_partial_cache(tmp_path: Path) -> None:
+    repro("targets", "te-9.9.9", "--cache-dir", str(tmp_path / "cache"), check_rc=2)
+    leftovers = [p for p in (tmp_path / "cache").rglob("*") if p.is_file() and p.suffix != ".lock"]
+    assert leftovers == []
