@@ -40,6 +40,19 @@ class PipelineInfo:
     fuser_groups: int = 1
 
 
+def ops_used(info: PipelineInfo) -> set[str]:
+    """The target ops a pipeline builds, found by building it against a recorder."""
+
+    class Recorder(dict):
+        def __missing__(self, name: str) -> Callable[..., None]:
+            self[name] = lambda *args, **kwargs: None
+            return self[name]
+
+    recorder = Recorder()
+    info.build(recorder, {})
+    return set(recorder)
+
+
 class Tanh(torch.nn.Module):
     """A plain torch module: it splits a te.ops.Sequential into two fuser groups."""
 

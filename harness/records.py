@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +22,6 @@ def target_has_fix(prepared: Any) -> bool:
         return True
     patch = load_patch("backport")
     fuser = Path(prepared.root or "") / patch.marker_file if prepared.root and patch.marker_file else None
-    import re
-
     return bool(fuser and fuser.is_file() and re.search(patch.marker_pattern or "", fuser.read_text()))
 
 
@@ -56,9 +55,9 @@ def judge(case: Case, target: Any, megatron_error: str | None) -> dict[str, Any]
         return finish(record, False)
     if case.recompute == "megatron" and megatron_error:
         return skipped_record(case, spec, megatron_error)
-    from cases.pipelines import PIPELINES
+    from cases.pipelines import PIPELINES, ops_used
 
-    missing = [op for op, why in target.missing_ops.items() if op in _ops_of(PIPELINES[case.pipeline])]
+    missing = [op for op in target.missing_ops if op in ops_used(PIPELINES[case.pipeline])]
     if missing:
         return skipped_record(case, spec, f"target lacks {', '.join(missing)}: {target.missing_ops[missing[0]]}")
     record = base_record(case, spec)
@@ -79,10 +78,6 @@ def _has_fix_cached(target: Any) -> bool:
     if spec not in _fix_cache:
         _fix_cache[spec] = target_has_fix(target.prepared)
     return _fix_cache[spec]
-
-
-def _ops_of(pipeline: Any) -> str:
-    return pipeline.description
 
 
 def lost_case_record(nodeid: str, why: str, text: str) -> dict[str, Any]:
