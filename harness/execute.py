@@ -150,7 +150,7 @@ def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
     torch.manual_seed(seed)
     dtype = DTYPES[case.dtype]
     module = build_module(case, target)
-    params = dict(module.named_parameters())
+    params: dict[str, torch.Tensor] = dict(module.named_parameters())
     for p in params.values():
         p.requires_grad_(case.params == "trainable")
     ref_params = {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in params.items()}

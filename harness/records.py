@@ -102,7 +102,8 @@ def _target_spec_from_env() -> str:
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     """Records from a JSONL file; a corrupt or truncated line is reported by number and skipped."""
-    records, problems = [], []
+    records: list[dict[str, Any]] = []
+    problems: list[str] = []
     if not path.is_file():
         return records, problems
     for number, line in enumerate(path.read_text().splitlines(), start=1):

@@ -109,7 +109,8 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case]]], out_dir
     a session too large for that gets all the workers, one session at a time."""
     large = any(len(cases) > LARGE_SESSION for _, cases in plan)
     concurrent, per_session = (1, workers) if large else (max(1, workers), 1)
-    reader, pending, running, last = ProgressReader(jsonl), list(plan), [], ""
+    reader, pending, last = ProgressReader(jsonl), list(plan), ""
+    running: list[subprocess.Popen[bytes]] = []
     reader.poll()
     baseline = dict(reader.done)
     totals = {t.spec: len(cases) for t, cases in plan}

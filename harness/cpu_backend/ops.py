@@ -25,8 +25,7 @@ def make_cpu_ops(basic_operation: type) -> dict[str, type]:
     class _CpuOp(basic_operation):  # type: ignore[misc, valid-type]
         """Shared forward/backward: subclasses give `compute(x, *params)`."""
 
-        def compute(self, x: torch.Tensor, *params: torch.Tensor) -> torch.Tensor:
-            raise NotImplementedError
+        compute: Any  # (x, *params) -> output, given by each subclass
 
         def op_params(self) -> list[torch.nn.Parameter]:
             return list(self.parameters())
@@ -111,7 +110,7 @@ def make_cpu_ops(basic_operation: type) -> dict[str, type]:
             gate, value = x.chunk(2, dim=-1)
             return F.silu(gate) * value
 
-    ops = {cls.__name__: cls for cls in (RMSNorm, LayerNorm, BasicLinear, Bias, GELU, ReLU, SwiGLU)}
+    ops: dict[str, type] = {cls.__name__: cls for cls in (RMSNorm, LayerNorm, BasicLinear, Bias, GELU, ReLU, SwiGLU)}
     for cls in ops.values():
         cls.__qualname__ = f"cpu_backend.{cls.__name__}"
     assert tuple(ops) == BACKEND_OP_NAMES
