@@ -34,3 +34,43 @@ def matrix(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     session.install("ruff")
     session.run("ruff", "check", ".")
+
+
+@nox.session
+def sweep(session: nox.Session) -> None:
+    _install(session)
+    session.run("repro", "sweep", "--matrix", "issue22", *session.posargs)
+
+
+def _device_matrix(session: nox.Session, device: str) -> None:
+    # For a GPU or Ascend host: the environment's own TE (and torch_npu) must be importable,
+    # so this session reuses the interpreter's site-packages instead of a fresh torch.
+    session.install("-e", ".")
+    session.run("repro", "devices")
+    session.run("repro", "run", "--matrix", "full", "--max-cases", "40000", "--only", f"device={device}",
+                "--targets", "installed,installed+backport", *session.posargs)
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def npu(session: nox.Session) -> None:
+    _device_matrix(session, "npu")
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def cuda(session: nox.Session) -> None:
+    _device_matrix(session, "cuda")
+
+
+@nox.session
+def report(session: nox.Session) -> None:
+    """Regenerate the reviewed report; `git diff reports/` then shows what changed."""
+    _install(session)
+    session.run("repro", "run", "--matrix", "issue22", "--out", "runs/issue22", success_codes=[0, 1])
+    session.run("repro", "report", "runs/issue22", "--format", "verdict-md", "-o", "reports/issue-22.md")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    _install(session)
+    session.install("mypy")
+    session.run("mypy", "--ignore-missing-imports", "harness", "cases", "repro")
