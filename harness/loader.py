@@ -95,7 +95,7 @@ def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     for name in PACKAGE_SHELLS:
         _install(name, _shell(name, te_dir.joinpath(*name.split(".")[1:])))
     recipe = _import(prepared.spec, "transformer_engine.common.recipe")
-    for name, module in standin_modules(prepared.spec, recipe).items():
+    for name, module in standin_modules(prepared.spec, recipe, te_dir).items():
         _install(name, module)
     op_module = _import(prepared.spec, "transformer_engine.pytorch.ops.op")
     _import(prepared.spec, "transformer_engine.pytorch.ops.fuser")
@@ -123,7 +123,7 @@ def load_native(prepared: PreparedTarget) -> LoadedTarget:
         sys.path.insert(0, prepared.root)
     try:
         te = importlib.import_module("transformer_engine.pytorch")
-    except Exception as exc:  # a broken native install is a load status, not a crash
+    except Exception as exc:  # noqa: BLE001 — a broken native install is a load status, not a crash
         raise TargetLoadError(f"target {prepared.spec}: import transformer_engine.pytorch failed: {exc}") from None
     names = [*TE_OPS, "RMSNorm", "LayerNorm", "BasicLinear", "Bias", "GELU", "ReLU", "SwiGLU"]
     ops = {"Sequential": te.ops.Sequential, "BasicOperation": te.ops.BasicOperation}

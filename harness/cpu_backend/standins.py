@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import types
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -101,6 +102,20 @@ class RecipeState:
         raise NotImplementedError("FP8 recipes are not available on the CPU backend")
 
 
+# Releases before 2.7 import these from fp8 for isinstance checks that only run
+# with FP8 enabled; distinct subclasses keep those checks meaningful.
+class DelayedScalingRecipeState(RecipeState):
+    """Type stand-in."""
+
+
+class MXFP8BlockScalingRecipeState(RecipeState):
+    """Type stand-in."""
+
+
+class Float8BlockScalingRecipeState(RecipeState):
+    """Type stand-in."""
+
+
 @contextlib.contextmanager
 def autocast(enabled: bool = False, **_kwargs: Any) -> Iterator[None]:
     """Quantized autocast; only the disabled form is meaningful on the CPU."""
@@ -146,9 +161,21 @@ def _no_fusion(name: str) -> Callable[..., Any]:
     return fuse
 
 
-def standin_modules(target: str, recipe_module: types.ModuleType) -> dict[str, StrictModule]:
+def _present(te_dir: Path, name: str) -> bool:
+    """Whether the target ships module `name` (as a file or a package)."""
+    path = te_dir.joinpath(*name.split(".")[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def standin_modules(target: str, recipe_module: types.ModuleType, te_dir: Path | None = None) -> dict[str, StrictModule]:
     """Build the stand-ins for one target. `recipe_module` is the target's own
-    `transformer_engine.common.recipe`, loaded from its source."""
+    `transformer_engine.common.recipe`, loaded from its source.
+
+    With `te_dir` (the target's transformer_engine/ directory), only modules the
+    target actually ships are stood in, so a release that lacks a module fails to
+    import it just as the real release would; and from 2.9, where fp8.py is a
+    pure-Python re-export shim over quantization.py, fp8 loads real from the source.
+    """
     recipe_names = {name: getattr(recipe_module, name) for name in dir(recipe_module) if not name.startswith("_")}
 
     def module(name: str, symbols: dict[str, Any], prefixes: dict[str, Any] | None = None) -> StrictModule:
@@ -161,6 +188,9 @@ def standin_modules(target: str, recipe_module: types.ModuleType) -> dict[str, S
             "autocast": autocast,
             "fp8_autocast": autocast,
             "QuantizerRole": QuantizerRole,
+            "DelayedScalingRecipeState": DelayedScalingRecipeState,
+            "MXFP8BlockScalingRecipeState": MXFP8BlockScalingRecipeState,
+            "Float8BlockScalingRecipeState": Float8BlockScalingRecipeState,
         }
         symbols.update(recipe_names)  # TE re-exports the recipe classes from here
         return module(name, symbols)
@@ -193,8 +223,16 @@ def standin_modules(target: str, recipe_module: types.ModuleType) -> dict[str, S
             "transformer_engine.pytorch.ops.fused", {}, {"fuse_": _no_fusion}
         ),
     }
+    if te_dir is not None:
+        if _present(te_dir, "transformer_engine.pytorch.quantization"):
+            del modules["transformer_engine.pytorch.fp8"]
+        modules = {
+            name: standin for name, standin in modules.items()
+            if name == "transformer_engine_torch" or _present(te_dir, name)
+        }
     # `from ..tensor import quantized_tensor` must find the submodule as an attribute.
-    modules["transformer_engine.pytorch.tensor"].__dict__["quantized_tensor"] = modules[
-        "transformer_engine.pytorch.tensor.quantized_tensor"
-    ]
+    if "transformer_engine.pytorch.tensor.quantized_tensor" in modules and "transformer_engine.pytorch.tensor" in modules:
+        modules["transformer_engine.pytorch.tensor"].__dict__["quantized_tensor"] = modules[
+            "transformer_engine.pytorch.tensor.quantized_tensor"
+        ]
     return modules
