@@ -75,9 +75,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True)
     p.set_defaults(func=cmd_minimal)
 
-    from repro import run_commands
+    from repro import bench_commands, report_commands, run_commands
 
-    run_commands.add_parsers(sub, common)
+    for commands in (run_commands, report_commands, bench_commands):
+        commands.add_parsers(sub, common)
     return parser
 
 

@@ -178,6 +178,11 @@ def pivot(run: dict[str, Any]) -> tuple[list[tuple[str, str]], list[tuple[str, s
     return rows, cols, cells
 
 
+def case_order(record: dict[str, Any]) -> tuple[int, ...]:
+    """Matrix order (AXES order of each value): the first example is the plainest case."""
+    return tuple(AXES[a].index(record[a]) if record[a] in AXES[a] else len(AXES[a]) for a in AXES)
+
+
 def signature(record: dict[str, Any]) -> tuple[str, str, str]:
     """What groups failures: the error's type, innermost TE frame and message; for a
     failure without an exception, the outcome and the checks that failed."""
@@ -195,9 +200,9 @@ def failure_groups(run: dict[str, Any]) -> list[dict[str, Any]]:
         if record["outcome"] in FAILING:
             groups[signature(record)].append(record)
     order = {spec: i for i, spec in enumerate(target_specs(run))}
-    out = []
+    out: list[dict[str, Any]] = []
     for sig, found in groups.items():
-        found.sort(key=lambda r: (order.get(r["target"], len(order)), r["case_id"]))
+        found.sort(key=lambda r: (order.get(r["target"], len(order)), case_order(r), r["case_id"]))
         by_target = Counter(r["target"] for r in found)
         out.append({"type": sig[0], "location": sig[1], "message": sig[2], "count": len(found),
                     "targets": sorted(by_target.items(), key=lambda kv: order.get(kv[0], len(order))),

@@ -15,6 +15,7 @@ from cases.axes import AXES
 from cases.matrix import MAX_CASES_DEFAULT, PRESETS, generate, skip_reason
 from harness import sources, targets
 from harness.runner import CASE_TIMEOUT_S, Interrupted, run_matrix
+from repro.reports import write_all_formats
 from repro.summary import exit_status, render_terminal
 
 
@@ -37,6 +38,7 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"render them with: repro report {out_dir} --format md", file=sys.stderr)
         return 130
     (out_dir / "run.json").write_text(json.dumps(run, indent=1))
+    write_all_formats(run, out_dir)
     print(render_terminal(run))
     print(f"\nrun dir: {out_dir}")
     return exit_status(run)
