@@ -1,0 +1,268 @@
+"""`repro bench`: time each pipeline × dtype × mode on several targets side by side.
+
+Each target lives in its own long-lived worker process (`harness.bench_worker`; one TE
+target per process). First every worker checks every combination once; only those that
+complete on every target are timed, the rest are recorded with the reason. Then the
+parent times them in rounds, alternating targets (A B C, B C A, ...), one measurement
+at a time so workers never compete for the two cores. Each worker also times the
+unfused PyTorch reference of the same pipeline, a control for machine drift.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import select
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import torch
+
+from cases.matrix import Case, generate, skip_reason
+from harness import bench_stats, targets
+from harness.errors import UsageError
+from harness.runner import check_out_dir, session_name
+
+SCHEMA = "repro.perf/1"
+DEFAULT_TARGETS = ("te-2.13.0", "te-2.13.0+backport", "te-2.16.0")
+DEFAULT_UPSTREAM = "te-2.16.0"
+START_TIMEOUT_S = 300
+CHECK_TIMEOUT_S = 600
+
+
+class BenchWorkerError(RuntimeError):
+    """A worker died, hung or answered nonsense; the message names it and its log."""
+
+
+@dataclass(frozen=True)
+class Mode:
+    grad_mode: str
+    input: str
+    recompute: str
+    backward: bool
+    description: str
+
+
+# Inputs: a plain leaf under no_grad and a leaf that requires grad elsewhere. Neither is
+# the non-leaf that issue 22 needs, so the unpatched te-2.13.0 completes the plain modes
+# too and the three targets time the same work.
+MODES: dict[str, Mode] = {
+    "fwd_no_grad": Mode("no_grad", "leaf", "none", False, "forward under torch.no_grad(), plain leaf input"),
+    "fwd_grad": Mode("enabled", "leaf_requires_grad", "none", False, "forward with grad, leaf input requiring grad"),
+    "fwd_bwd": Mode("enabled", "leaf_requires_grad", "none", True, "forward + backward"),
+    "fwd_bwd_checkpoint_reentrant": Mode("enabled", "leaf_requires_grad", "checkpoint_reentrant", True,
+                                         "forward + backward in torch.utils.checkpoint(use_reentrant=True)"),
+    "fwd_bwd_checkpoint_non_reentrant": Mode("enabled", "leaf_requires_grad", "checkpoint_non_reentrant", True,
+                                             "forward + backward in torch.utils.checkpoint(use_reentrant=False)"),
+    "fwd_bwd_megatron": Mode("enabled", "leaf_requires_grad", "megatron", True,
+                             "forward + backward in Megatron's CheckpointFunction"),
+}
+INPUT_NOTE = ("inputs: a plain leaf for fwd_no_grad, a leaf that requires grad for the grad modes (not issue 22's "
+              "non-leaf), so te-2.13.0 completes them too; parameters trainable; batch 4 x hidden 16")
+CPU_MEMORY_NOTE = ("memory: not measured on the CPU: torch has no peak-allocation counter for CPU tensors, and the "
+                   "profiler's memory view would slow the very calls being timed")
+RATIO_NOTE = "ratios: per round, then median and min–max across rounds; a spread covering 1.0 is within noise"
+TEST_SLOW_ENV = "REPRO_TEST_SLOW_TARGET"  # test-only: the worker of this spec sleeps in each fuser call
+TEST_SLOW_SECONDS_ENV = "REPRO_TEST_SLOW_SECONDS"
+
+
+def case_for(combo: dict[str, str]) -> Case:
+    """The matrix case a combination corresponds to, so skip_reason stays the one rule."""
+    mode = MODES[combo["mode"]]
+    return Case(combo["pipeline"], mode.grad_mode, mode.input, "trainable", mode.recompute, "single",
+                combo["dtype"], combo["device"])
+
+
+def combinations(matrix: str, only: list[str] | None, modes: list[str]) -> list[dict[str, str]]:
+    """pipeline × dtype × device from the matrix (in its order), × the bench modes."""
+    seen: dict[tuple[str, str, str], None] = {}
+    for case in generate(matrix, only):
+        seen.setdefault((case.pipeline, case.dtype, case.device), None)
+    return [{"pipeline": p, "dtype": d, "device": dev, "mode": m} for p, d, dev in seen for m in modes]
+
+
+def parse_modes(text: str | None) -> list[str]:
+    chosen = [m for m in (text.split(",") if text else MODES) if m]
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown or not chosen:
+        raise UsageError(f"unknown mode {','.join(unknown) or '(none)'}; valid: {', '.join(MODES)}")
+    return chosen
+
+
+class Worker:
+    """One target's bench worker: JSON lines in on stdin, JSON lines back on stdout."""
+
+    def __init__(self, prepared: targets.PreparedTarget, log: Path, megatron_device: str | None) -> None:
+        self.spec, self.log = prepared.spec, log
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+                                                             os.environ.get("PYTHONPATH", "")])}
+        command = [sys.executable, "-m", "harness.bench_worker", prepared.to_json()]
+        if megatron_device:
+            command += ["--megatron", megatron_device]
+        with open(log, "w") as handle:  # stderr to a file: a full pipe would stall the worker
+            self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=handle,
+                                            text=True, env=env)
+        self.started = time.perf_counter()
+
+    def send(self, command: dict[str, Any]) -> None:
+        stdin: IO[str] = self.process.stdin  # type: ignore[assignment]
+        stdin.write(json.dumps(command) + "\n")
+        stdin.flush()
+
+    def receive(self, timeout: float) -> dict[str, Any]:
+        stdout: IO[str] = self.process.stdout  # type: ignore[assignment]
+        ready, _, _ = select.select([stdout], [], [], timeout)
+        line = stdout.readline() if ready else ""
+        if not line:
+            last = (self.log.read_text().strip().splitlines() or ["no output"])[-1]
+            state = "timed out" if not ready else f"exited {self.process.poll()}"
+            raise BenchWorkerError(f"bench worker for {self.spec} {state}: {last} (log: {self.log})")
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:
+            raise BenchWorkerError(f"bench worker for {self.spec} wrote a non-JSON line: {line[:200]!r}") from None
+
+    def ask(self, command: dict[str, Any], timeout: float) -> dict[str, Any]:
+        self.send(command)
+        return self.receive(timeout)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            try:
+                self.send({"cmd": "quit"})
+                self.process.wait(timeout=10)
+            except (OSError, subprocess.TimeoutExpired):
+                self.process.kill()
+                self.process.wait()
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def _static_reason(combo: dict[str, str], device_reasons: dict[str, str | None]) -> str | None:
+    reason = skip_reason(case_for(combo))
+    if reason is None and device_reasons.get(combo["device"]):
+        reason = f"device {combo['device']} unavailable: {device_reasons[combo['device']]}"
+    return reason
+
+
+def _check_all(workers: list[Worker], ready: dict[str, dict[str, Any]], todo: list[dict[str, str]],
+               ) -> dict[int, list[str]]:
+    """Index in todo -> the targets' reasons it cannot be benched. All workers check at
+    once (no timing happens yet, so they may share the cores)."""
+    failures: dict[int, list[str]] = {}
+    live = [w for w in workers if not ready[w.spec]["load_error"]]
+    for worker in workers:
+        if ready[worker.spec]["load_error"]:
+            for index in range(len(todo)):
+                failures.setdefault(index, []).append(f"{worker.spec}: did not load: {ready[worker.spec]['load_error']}")
+    for worker in live:
+        worker.send({"cmd": "check", "combos": todo})
+    for worker in live:
+        for index, reason in enumerate(worker.receive(CHECK_TIMEOUT_S)["reasons"]):
+            if reason:
+                failures.setdefault(index, []).append(f"{worker.spec}: {reason}")
+    return failures
+
+
+def _time_rounds(workers: list[Worker], benched: list[dict[str, str]], rounds: int, min_run_time: float,
+                 progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[str]]:
+    problems: list[str] = []
+    timings = [{w.spec: {side: [] for side in ("fuser", "reference")} for w in workers} for _ in benched]
+    iqrs = [{w.spec: {side: [] for side in ("fuser", "reference")} for w in workers} for _ in benched]
+    memory: list[dict[str, dict[str, int | None]]] = [{} for _ in benched]
+    timeout = 120 + 20 * min_run_time
+    for round_index in range(rounds):
+        # Rotate who goes first, so no target always runs right after the same neighbour.
+        order = workers[round_index % len(workers):] + workers[:round_index % len(workers)]
+        for index, combo in enumerate(benched):
+            for worker in order:
+                for side in ("fuser", "reference"):
+                    reply = worker.ask({"cmd": "time", "combo": combo, "reference": side == "reference",
+                                        "min_run_time": min_run_time}, timeout)
+                    if reply.get("error"):
+                        problems.append(f"round {round_index + 1} {bench_stats.row_name(combo)} {worker.spec} "
+                                        f"{side}: {reply['error']}")
+                    timings[index][worker.spec][side].append(reply.get("median_s"))
+                    iqrs[index][worker.spec][side].append(reply.get("iqr_s"))
+                    if reply.get("memory_bytes") is not None:
+                        memory[index].setdefault(worker.spec, {})[side] = reply["memory_bytes"]
+        progress(f"  round {round_index + 1}/{rounds} done")
+    rows = [{"timings_s": {spec: {side: {"median_per_round": timings[i][spec][side],
+                                         "iqr_per_round": iqrs[i][spec][side]} for side in timings[i][spec]}
+                           for spec in timings[i]},
+             "memory_bytes": memory[i] or None} for i in range(len(benched))]
+    return rows, problems
+
+
+def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list[str], rounds: int,
+              min_run_time: float, out_dir: Path, cache: Path, offline: bool = False,
+              upstream: str | None = DEFAULT_UPSTREAM, progress: Callable[[str], None] = print) -> dict[str, Any]:
+    """Check, then time; returns the `perf` block (schema repro.perf/1)."""
+    if rounds < 2:
+        raise UsageError("--rounds must be at least 2: the spread across rounds is what tells noise from change")
+    if min_run_time <= 0:
+        raise UsageError("--min-run-time must be positive")
+    todo = combinations(matrix, only, modes)
+    check_out_dir(out_dir)
+    prepared = [targets.prepare(spec, cache, offline) for spec in specs]
+    from harness.devices import unavailable_reasons
+
+    device_reasons = unavailable_reasons() if any(c["device"] != "cpu" for c in todo) else {"cpu": None}
+    excluded: list[dict[str, Any]] = []
+    candidates = []
+    for combo in todo:
+        reason = _static_reason(combo, device_reasons)
+        if reason:
+            excluded.append({**combo, "reason": reason})
+        else:
+            candidates.append(combo)
+    wants_megatron = any(MODES[c["mode"]].recompute == "megatron" for c in candidates)
+    megatron_device = ("cuda" if any(c["device"] == "cuda" for c in candidates) else "cpu") if wants_megatron else None
+    logs = out_dir / "bench-logs"
+    logs.mkdir(exist_ok=True)
+    workers = [Worker(p, logs / f"{session_name(p.spec)}.log", megatron_device) for p in prepared]
+    try:
+        ready = {w.spec: w.receive(START_TIMEOUT_S) for w in workers}
+        startup = {w.spec: ready[w.spec]["startup_s"] for w in workers}
+        progress(f"bench: {len(candidates)} combinations to check on {len(workers)} targets "
+                 f"(start-up {', '.join(f'{s} {t:.1f}s' for s, t in startup.items())})")
+        failures = _check_all(workers, ready, candidates) if candidates else {}
+        benched = [c for i, c in enumerate(candidates) if i not in failures]
+        excluded += [{**candidates[i], "reason": "; ".join(reasons)} for i, reasons in sorted(failures.items())]
+        progress(f"bench: timing {len(benched)} combinations, {len(excluded)} excluded with a reason; "
+                 f"{rounds} rounds, min_run_time {min_run_time}s")
+        timed, problems = _time_rounds(workers, benched, rounds, min_run_time, progress) if benched else ([], [])
+    finally:
+        for worker in workers:
+            worker.close()
+    rows = []
+    for combo, extra in zip(benched, timed, strict=True):
+        medians = {spec: {side: v["median_per_round"] for side, v in sides.items()}
+                   for spec, sides in extra["timings_s"].items()}
+        mode = MODES[combo["mode"]]
+        rows.append({**combo, "grad_mode": mode.grad_mode, "input": mode.input, "recompute": mode.recompute,
+                     "backward": mode.backward, "ratios": bench_stats.row_ratios(medians, specs, upstream), **extra})
+    slowed = {w["spec"]: w["test_slowdown_s"] for w in ready.values() if w.get("test_slowdown_s")}
+    pairs = bench_stats.pairings(specs, upstream)
+    return {
+        "schema": SCHEMA, "matrix": matrix, "only": only or [], "rounds": rounds, "min_run_time": min_run_time,
+        "targets": [{"spec": p.spec, "version": p.version, "fuser_sha": p.fuser_sha, "patch_status": p.patch_status,
+                     "startup_s": startup.get(p.spec), "description": ready[p.spec].get("description", "")}
+                    for p in prepared],
+        "comparisons": {label: list(pair) if pair else None for label, pair in pairs.items()},
+        "modes": {m: asdict(MODES[m]) for m in modes},
+        "environment": {"torch": torch.__version__, "python": platform.python_version(),
+                        "machine": platform.node(), "cpus": os.cpu_count()},
+        "timer": "torch.utils.benchmark.Timer.blocked_autorange, num_threads=1; per call: median and IQR of blocks",
+        "notes": [INPUT_NOTE, RATIO_NOTE] + ([CPU_MEMORY_NOTE] if any(c["device"] == "cpu" for c in todo) else []),
+        "test_slowdown": slowed or None,
+        "problems": problems,
+        "rows": rows, "excluded": excluded,
+    }

@@ -1,0 +1,175 @@
+"""A bench worker: load one target, then answer JSON-line commands on stdin.
+
+    python -m harness.bench_worker '<PreparedTarget JSON>' [--megatron DEVICE]
+
+Commands: {"cmd": "check", "combos": [...]} -> {"reasons": [str | null, ...]};
+{"cmd": "time", "combo": {...}, "reference": bool, "min_run_time": s} -> {"median_s",
+"iqr_s", "blocks", "number_per_run", "memory_bytes", "error"}; {"cmd": "quit"}.
+The first line out is {"ready": true, "load_error", "megatron_error", "startup_s", ...}.
+
+Only the replies go to the real stdout: anything a library prints is sent to stderr,
+so it can never be mistaken for (or corrupt) a reply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Callable
+from typing import IO, Any
+
+STARTED = time.perf_counter()
+
+import torch  # after STARTED, so start-up time includes importing torch
+from torch.utils.benchmark import Timer
+
+from cases.pipelines import HIDDEN, PIPELINES, ops_used
+from harness.bench import MODES, TEST_SLOW_ENV, TEST_SLOW_SECONDS_ENV, case_for
+from harness.devices import synchronize
+from harness.execute import DTYPES, build_module, grad_mode, import_megatron, wrap
+from harness.frames import error_record
+from harness.loader import LoadedTarget
+from harness.targets import PreparedTarget
+
+
+def make_step(target: LoadedTarget, combo: dict[str, str], reference: bool,
+              slow_s: float = 0.0) -> tuple[Callable[[], None], list[torch.Tensor]]:
+    """One call of the combination, ready to repeat: the target's fuser pipeline, or the
+    unfused reference with the same parameter values. Returns it with the caller's tensors."""
+    mode, case, info = MODES[combo["mode"]], case_for(combo), PIPELINES[combo["pipeline"]]
+    torch.manual_seed(0)
+    module = build_module(case, target)
+    factory = {"dtype": DTYPES[case.dtype], "device": case.device}
+    wants_grad = mode.input == "leaf_requires_grad"
+    inputs = [torch.randn(4, HIDDEN, **factory).requires_grad_(wants_grad) for _ in range(1 + info.num_extra_inputs)]
+    if reference:
+        params = [p.detach().clone().requires_grad_() for p in module.parameters()]
+
+        def function(x: torch.Tensor, *extra: torch.Tensor) -> Any:
+            return info.reference(x, extra, params)
+    elif slow_s:
+        def function(*args: torch.Tensor) -> Any:  # test-only: a deliberately slowed target
+            time.sleep(slow_s)
+            return module(*args)
+    else:
+        function = module
+    call = wrap(function, mode.recompute, case.device)
+
+    def step() -> None:
+        with grad_mode(mode.grad_mode):
+            outputs = call(*inputs)
+            if mode.backward:
+                needing = [o for o in (outputs if isinstance(outputs, tuple) else (outputs,)) if o.requires_grad]
+                if not needing:
+                    raise RuntimeError("no output requires grad: nothing to run backward through")
+                sum(o.float().sum() for o in needing).backward()  # type: ignore[union-attr]
+
+    return step, inputs
+
+
+def check(target: LoadedTarget, combo: dict[str, str], megatron_error: str | None, slow_s: float) -> str | None:
+    """Why this combination cannot be timed on this target, or None. Twice, since a
+    second call is what the timing loop repeats."""
+    if MODES[combo["mode"]].recompute == "megatron" and megatron_error:
+        return megatron_error
+    missing = [op for op in target.missing_ops if op in ops_used(PIPELINES[combo["pipeline"]])]
+    if missing:
+        return f"lacks {', '.join(missing)}: {target.missing_ops[missing[0]]}"
+    for reference in (False, True):
+        side = "reference" if reference else "fuser"
+        try:
+            step, inputs = make_step(target, combo, reference, slow_s)
+        except Exception as exc:  # noqa: BLE001
+            return f"{side} could not be built: {type(exc).__name__}: {exc}"
+        flags = [t.requires_grad for t in inputs]
+        for call in ("first", "second"):
+            try:
+                step()
+            except Exception as exc:  # noqa: BLE001 — the reason it is excluded
+                error = error_record(exc, None if reference else target.te_dir)
+                where = f" at {error['location']}" if error["location"] else ""
+                return f"{side} {call} call raised {error['type']}: {(error['message'].splitlines() or [''])[0]}{where}"
+            # Checked after each call: the flag a first call clears makes the second fail
+            # for a reason that no longer names the cause.
+            if [t.requires_grad for t in inputs] != flags:
+                return (f"{side} {call} call changed the caller's input requires_grad (issue 22's side effect), "
+                        "so repeated calls would time different work")
+    return None
+
+
+def peak_memory(step: Callable[[], None], device: str) -> int | None:
+    """Peak bytes allocated above the baseline during one call, on CUDA or NPU."""
+    if device not in ("cuda", "npu"):
+        return None
+    backend: Any = getattr(torch, device)
+    synchronize(device)
+    backend.reset_peak_memory_stats()
+    baseline = backend.memory_allocated()
+    step()
+    synchronize(device)
+    return int(backend.max_memory_allocated() - baseline)
+
+
+def time_combo(target: LoadedTarget, command: dict[str, Any], slow_s: float) -> dict[str, Any]:
+    combo = command["combo"]
+    try:
+        step, _ = make_step(target, combo, command["reference"], slow_s)
+        # Timer's own clock synchronises the accelerator at block edges; a sync per call
+        # would time the sync instead of the work.
+        timer = Timer(stmt="step()", globals={"step": step}, num_threads=1)
+        measurement = timer.blocked_autorange(min_run_time=command["min_run_time"])
+        memory = peak_memory(step, combo["device"])
+    except Exception as exc:  # noqa: BLE001 — reported to the parent, which records it
+        return {"median_s": None, "iqr_s": None, "error": f"{type(exc).__name__}: {exc}"}
+    return {"median_s": measurement.median, "iqr_s": measurement.iqr, "blocks": len(measurement.times),
+            "number_per_run": measurement.number_per_run, "memory_bytes": memory, "error": None}
+
+
+def _private_stdout() -> IO[str]:
+    """The real stdout for replies; fd 1 itself then points at stderr."""
+    replies = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return replies
+
+
+def main() -> None:
+    prepared = PreparedTarget.from_json(sys.argv[1])
+    replies = _private_stdout()
+    megatron_device = sys.argv[sys.argv.index("--megatron") + 1] if "--megatron" in sys.argv else None
+    slow_s = float(os.environ.get(TEST_SLOW_SECONDS_ENV, "0.005")) if os.environ.get(TEST_SLOW_ENV) == prepared.spec else 0.0
+    ready: dict[str, Any] = {"ready": True, "spec": prepared.spec, "load_error": None, "megatron_error": None,
+                             "test_slowdown_s": slow_s or None}
+    megatron_error = None
+    if megatron_device:
+        try:  # before the target: importing megatron probes `import transformer_engine`
+            import_megatron(megatron_device)
+        except Exception as exc:  # noqa: BLE001 — megatron modes are then excluded with this reason
+            megatron_error = f"megatron-core CheckpointFunction unavailable: {exc}"
+    ready["megatron_error"] = megatron_error
+    from harness.errors import TargetLoadError
+    from harness.loader import load
+
+    target = None
+    try:
+        target = load(prepared)
+        ready["description"] = target.description
+    except TargetLoadError as exc:
+        ready["load_error"] = str(exc)
+    ready["startup_s"] = round(time.perf_counter() - STARTED, 3)
+    replies.write(json.dumps(ready) + "\n")
+    for line in sys.stdin:
+        command = json.loads(line)
+        if command["cmd"] == "quit" or target is None:
+            break
+        if command["cmd"] == "check":
+            reply: dict[str, Any] = {"reasons": [check(target, c, megatron_error, slow_s) for c in command["combos"]]}
+        else:
+            reply = time_combo(target, command, slow_s)
+        replies.write(json.dumps(reply) + "\n")
+
+
+if __name__ == "__main__":
+    main()

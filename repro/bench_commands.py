@@ -1,0 +1,102 @@
+"""`repro bench`: performance tables of the fuser across targets (harness.bench does the work)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from tabulate import tabulate
+
+from cases.matrix import PRESETS, generate
+from harness import bench, bench_stats, sources, targets
+from harness.errors import UsageError
+
+
+def _progress(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
+
+
+def render_table(perf: dict[str, Any]) -> str:
+    """The three ratios per row: +backport / unpatched, +backport / upstream, and fuser /
+    unfused reference for each target."""
+    specs = [t["spec"] for t in perf["targets"]]
+    devices = {r["device"] for r in perf["rows"]}
+    headers = ["pipeline", "dtype", *(["device"] if devices - {"cpu"} else []), "mode"]
+    headers += [f"{label}\n{' / '.join(pair) if pair else ''}" for label, pair in perf["comparisons"].items()]
+    headers += [f"fuser / ref\n{spec}" for spec in specs]
+    rows = []
+    for row in perf["rows"]:
+        cells = [row["pipeline"], row["dtype"], *([row["device"]] if devices - {"cpu"} else []), row["mode"]]
+        cells += [bench_stats.format_ratio(row["ratios"].get(label)) for label in perf["comparisons"]]
+        cells += [bench_stats.format_ratio(row["ratios"][bench_stats.FUSER_VS_REFERENCE].get(s)) for s in specs]
+        rows.append(cells)
+    return tabulate(rows, headers=headers) if rows else "(no combination completed on every target)"
+
+
+def render_notes(perf: dict[str, Any]) -> str:
+    lines = [f"{perf['rounds']} rounds, min_run_time {perf['min_run_time']}s; {perf['timer']}", *perf["notes"]]
+    if perf.get("test_slowdown"):
+        lines.append(f"TEST-ONLY SLOWDOWN ACTIVE ({bench.TEST_SLOW_ENV}): {perf['test_slowdown']}")
+    if perf["excluded"]:
+        lines.append(f"excluded ({len(perf['excluded'])}), not timed because not every target completes them:")
+        lines += [f"  {bench_stats.row_name(e)}: {e['reason']}" for e in perf["excluded"]]
+    lines += [f"problem: {p}" for p in perf["problems"]]
+    return "\n".join(lines)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    specs = [s for s in (args.targets.split(",") if args.targets else bench.DEFAULT_TARGETS) if s]
+    for spec in specs:
+        targets.parse_spec(spec)  # fail fast on a bad spec, before any work
+    if len(set(specs)) != len(specs):
+        raise UsageError("--targets names a target twice")
+    modes = bench.parse_modes(args.modes)
+    generate(args.matrix, args.only)
+    if args.fail_on_slowdown is not None and bench_stats.pairings(specs, args.upstream)[
+            bench_stats.BACKPORT_VS_UNPATCHED] is None:
+        raise UsageError("--fail-on-slowdown needs a +backport target and its unpatched base among --targets")
+    out_dir = Path(args.out or Path("runs") / f"bench-{args.matrix}")
+    try:
+        perf = bench.run_bench(args.matrix, args.only, specs, modes, args.rounds, args.min_run_time, out_dir,
+                               sources.cache_dir(args.cache_dir), args.offline, args.upstream, _progress)
+    except bench.BenchWorkerError as exc:
+        print(f"repro bench: error: {exc}", file=sys.stderr)
+        return 1
+    (out_dir / "perf.json").write_text(json.dumps(perf, indent=1))
+    print(render_table(perf))
+    print()
+    print(render_notes(perf))
+    try:
+        from harness.bench_plot import perf_svg
+
+        (out_dir / "perf.svg").write_text(perf_svg(perf))
+        print(f"\nbench dir: {out_dir} (perf.json, perf.svg)")
+    except ImportError:
+        print(f"\nbench dir: {out_dir} (perf.json; perf.svg needs matplotlib)")
+    if args.fail_on_slowdown is not None:
+        slow = bench_stats.slowdowns(perf["rows"], args.fail_on_slowdown)
+        for message in slow:
+            print(f"repro bench: slowdown over {args.fail_on_slowdown}%: {message}", file=sys.stderr)
+        return 1 if slow else 0
+    return 0
+
+
+def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    p = sub.add_parser("bench", parents=[common], help="time the fuser across targets, side by side, with ratios")
+    # smoke by default: a bench of issue22 times 144 combinations per target and takes long.
+    p.add_argument("--matrix", default="smoke", help=f"preset whose pipelines and dtypes to bench: {', '.join(PRESETS)}"
+                   " (default smoke)")
+    p.add_argument("--only", action="append", metavar="AXIS=V[,V]", help="keep only these axis values (only pipeline, dtype and device matter here; modes come from --modes)")
+    p.add_argument("--targets", help=f"comma-separated specs (default {','.join(bench.DEFAULT_TARGETS)})")
+    p.add_argument("--upstream", default=bench.DEFAULT_UPSTREAM, help="the upstream-fixed target for "
+                   f"'{bench_stats.BACKPORT_VS_UPSTREAM}' (default {bench.DEFAULT_UPSTREAM})")
+    p.add_argument("--modes", help=f"comma-separated modes (default all: {', '.join(bench.MODES)})")
+    p.add_argument("--rounds", type=int, default=5, help="rounds of A B C timing (at least 2; default 5)")
+    p.add_argument("--min-run-time", type=float, default=0.05, help="seconds per measurement (default 0.05)")
+    p.add_argument("--fail-on-slowdown", type=float, metavar="PCT",
+                   help=f"exit 1 if a '{bench_stats.BACKPORT_VS_UNPATCHED}' median exceeds 1+PCT/100 (not for CI)")
+    p.add_argument("--out", help="bench dir (default runs/bench-<matrix>)")
+    p.set_defaults(func=cmd_bench)
