@@ -174,8 +174,11 @@ def _check_all(workers: list[Worker], ready: dict[str, dict[str, Any]], todo: li
 def _time_rounds(workers: list[Worker], benched: list[dict[str, str]], rounds: int, min_run_time: float,
                  progress: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[str]]:
     problems: list[str] = []
-    timings = [{w.spec: {side: [] for side in ("fuser", "reference")} for w in workers} for _ in benched]
-    iqrs = [{w.spec: {side: [] for side in ("fuser", "reference")} for w in workers} for _ in benched]
+    sides = ("fuser", "reference")
+    timings: list[dict[str, dict[str, list[float | None]]]] = [
+        {w.spec: {side: [] for side in sides} for w in workers} for _ in benched]
+    iqrs: list[dict[str, dict[str, list[float | None]]]] = [
+        {w.spec: {side: [] for side in sides} for w in workers} for _ in benched]
     memory: list[dict[str, dict[str, int | None]]] = [{} for _ in benched]
     timeout = 120 + 20 * min_run_time
     for round_index in range(rounds):
@@ -183,7 +186,7 @@ def _time_rounds(workers: list[Worker], benched: list[dict[str, str]], rounds: i
         order = workers[round_index % len(workers):] + workers[:round_index % len(workers)]
         for index, combo in enumerate(benched):
             for worker in order:
-                for side in ("fuser", "reference"):
+                for side in sides:
                     reply = worker.ask({"cmd": "time", "combo": combo, "reference": side == "reference",
                                         "min_run_time": min_run_time}, timeout)
                     if reply.get("error"):
@@ -214,7 +217,9 @@ def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list
     prepared = [targets.prepare(spec, cache, offline) for spec in specs]
     from harness.devices import unavailable_reasons
 
-    device_reasons = unavailable_reasons() if any(c["device"] != "cpu" for c in todo) else {"cpu": None}
+    device_reasons: dict[str, str | None] = {"cpu": None}
+    if any(c["device"] != "cpu" for c in todo):
+        device_reasons = unavailable_reasons()
     excluded: list[dict[str, Any]] = []
     candidates = []
     for combo in todo:

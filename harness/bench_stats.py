@@ -81,10 +81,12 @@ def pairings(specs: Sequence[str], upstream: str | None) -> dict[str, tuple[str,
     patched = next((s for s in specs if s.endswith("+backport")), None) or next(
         (s for s in specs if base_of(s)), None)
     base = base_of(patched) if patched else None
-    return {
-        BACKPORT_VS_UNPATCHED: (patched, base) if patched and base in specs else None,
-        BACKPORT_VS_UPSTREAM: (patched, upstream) if patched and upstream in specs and upstream != base else None,
-    }
+    pairs: dict[str, tuple[str, str] | None] = {BACKPORT_VS_UNPATCHED: None, BACKPORT_VS_UPSTREAM: None}
+    if patched and base and base in specs:
+        pairs[BACKPORT_VS_UNPATCHED] = (patched, base)
+    if patched and upstream and upstream in specs and upstream != base:
+        pairs[BACKPORT_VS_UPSTREAM] = (patched, upstream)
+    return pairs
 
 
 Timings = dict[str, dict[str, list[float | None]]]  # spec -> "fuser" | "reference" -> median per round

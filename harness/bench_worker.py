@@ -41,20 +41,19 @@ def make_step(target: LoadedTarget, combo: dict[str, str], reference: bool,
     mode, case, info = MODES[combo["mode"]], case_for(combo), PIPELINES[combo["pipeline"]]
     torch.manual_seed(0)
     module = build_module(case, target)
-    factory = {"dtype": DTYPES[case.dtype], "device": case.device}
     wants_grad = mode.input == "leaf_requires_grad"
-    inputs = [torch.randn(4, HIDDEN, **factory).requires_grad_(wants_grad) for _ in range(1 + info.num_extra_inputs)]
-    if reference:
-        params = [p.detach().clone().requires_grad_() for p in module.parameters()]
+    inputs = [torch.randn(4, HIDDEN, dtype=DTYPES[case.dtype], device=case.device).requires_grad_(wants_grad)
+              for _ in range(1 + info.num_extra_inputs)]
+    params = [p.detach().clone().requires_grad_() for p in module.parameters()]
 
-        def function(x: torch.Tensor, *extra: torch.Tensor) -> Any:
-            return info.reference(x, extra, params)
-    elif slow_s:
-        def function(*args: torch.Tensor) -> Any:  # test-only: a deliberately slowed target
-            time.sleep(slow_s)
-            return module(*args)
-    else:
-        function = module
+    def unfused(x: torch.Tensor, *extra: torch.Tensor) -> Any:
+        return info.reference(x, extra, params)
+
+    def slowed(*args: torch.Tensor) -> Any:  # test-only: a deliberately slowed target
+        time.sleep(slow_s)
+        return module(*args)
+
+    function: Callable[..., Any] = unfused if reference else slowed if slow_s else module
     call = wrap(function, mode.recompute, case.device)
 
     def step() -> None:

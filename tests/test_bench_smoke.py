@@ -82,3 +82,20 @@ def test_bad_bench_arguments_exit_2(tmp_path: Path) -> None:
     assert one_round.returncode == 2 and "--rounds must be at least 2" in one_round.stderr
     no_pair = _bench("--targets", "te-2.13.0,te-2.16.0", "--fail-on-slowdown", "5", "--out", str(tmp_path))
     assert no_pair.returncode == 2 and "needs a +backport target" in no_pair.stderr
+
+
+def test_perf_svg_is_inline_and_deterministic() -> None:
+    from harness.bench_plot import perf_svg
+
+    entry = {"numerator": "a+backport", "denominator": "a", "median": 1.02, "min": 0.97, "max": 1.08,
+             "per_round": [0.97, 1.02, 1.08], "call": bench_stats.WITHIN_NOISE}
+    row = {"pipeline": "rmsnorm", "dtype": "float32", "device": "cpu", "mode": "fwd_bwd",
+           "ratios": {bench_stats.BACKPORT_VS_UNPATCHED: entry, bench_stats.BACKPORT_VS_UPSTREAM: None,
+                      bench_stats.FUSER_VS_REFERENCE: {"a": entry, "a+backport": entry}}}
+    perf = {"matrix": "smoke", "rounds": 3, "targets": [{"spec": "a"}, {"spec": "a+backport"}], "rows": [row]}
+    svg = perf_svg(perf)
+    assert svg.startswith("<svg") and svg.rstrip().endswith("</svg>")  # no XML prolog: inlinable in HTML
+    assert "<text" in svg and "rmsnorm float32 fwd_bwd" in svg  # labels stay text, not glyph paths
+    assert bench_stats.BACKPORT_VS_UPSTREAM not in svg  # a ratio with no data gets no panel
+    assert perf_svg(perf) == svg
+    assert "<svg" in perf_svg({**perf, "rows": []})
