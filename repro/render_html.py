@@ -109,6 +109,14 @@ def _perf(perf: Any) -> dict[str, Any] | None:
     """Hook for timing results once runs carry them (run["perf"]); shown as given."""
     if not perf:
         return None
+    if isinstance(perf, dict) and perf.get("schema") == "repro.perf/1":
+        from harness.bench_plot import perf_svg
+        from repro.bench_commands import render_notes, render_table
+
+        # As an <img> data URI: the page's CSP would block the SVG's own inline styles.
+        svg = base64.b64encode(perf_svg(perf).encode()).decode()
+        return {"rows": None, "text": render_table(perf) + "\n" + render_notes(perf),
+                "svg": f"data:image/svg+xml;base64,{svg}"}
     if isinstance(perf, list) and all(isinstance(p, dict) for p in perf):
         keys = list(dict.fromkeys(k for p in perf for k in p))
         return {"rows": (keys, [[p.get(k, "") for k in keys] for p in perf])}

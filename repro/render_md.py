@@ -134,6 +134,10 @@ def _oracle(run: dict[str, Any]) -> list[str]:
 def render_perf(perf: Any) -> list[str]:
     """Hook for timing results, once runs carry them (run["perf"]); shown as given."""
     lines = ["## Performance", ""]
+    if isinstance(perf, dict) and perf.get("schema") == "repro.perf/1":
+        from repro.bench_commands import render_notes, render_table
+
+        return lines + ["```", render_table(perf), render_notes(perf), "```", ""]
     if isinstance(perf, list) and perf and all(isinstance(p, dict) for p in perf):
         keys = list(dict.fromkeys(k for p in perf for k in p))
         return lines + [_table(keys, [[plain(p.get(k, "")) for k in keys] for p in perf]), ""]

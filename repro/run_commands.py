@@ -37,6 +37,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}; "
               f"render them with: repro report {out_dir} --format md", file=sys.stderr)
         return 130
+    if args.perf:
+        from harness.bench import parse_modes, run_bench
+
+        run["perf"] = run_bench(args.matrix, args.only, specs, parse_modes(None), rounds=3, min_run_time=0.05,
+                                out_dir=out_dir, cache=cache, offline=args.offline, progress=_progress)
     (out_dir / "run.json").write_text(json.dumps(run, indent=1))
     write_all_formats(run, out_dir)
     print(render_terminal(run))
@@ -93,6 +98,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--targets", help=f"comma-separated specs (default {','.join(targets.DEFAULT_TARGETS)})")
     p.add_argument("--out", help="run dir (default runs/<matrix>)")
     p.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1), help="xdist workers per target")
+    p.add_argument("--perf", action="store_true", help="also benchmark the matrix (as repro bench) into the reports")
     p.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds before a case is recorded as hung")
     p.set_defaults(func=cmd_run)
 
