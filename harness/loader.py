@@ -106,8 +106,8 @@ def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     for op_name, module_names in TE_OPS.items():
         for module_name in module_names:
             if (te_dir / "pytorch/ops/basic" / f"{module_name}.py").is_file():
-                module = _import(prepared.spec, f"transformer_engine.pytorch.ops.basic.{module_name}")
-                ops[op_name] = getattr(module, op_name, None) or getattr(module, OLD_NAMES.get(op_name, op_name))
+                basic = _import(prepared.spec, f"transformer_engine.pytorch.ops.basic.{module_name}")
+                ops[op_name] = getattr(basic, op_name, None) or getattr(basic, OLD_NAMES.get(op_name, op_name))
                 te_ops.append(op_name if ops[op_name].__name__ == op_name else f"{op_name} (as {ops[op_name].__name__})")
                 break
         else:
@@ -133,7 +133,7 @@ def load_native(prepared: PreparedTarget) -> LoadedTarget:
             ops[name] = getattr(te.ops, name)
         else:
             missing[name] = f"te.ops has no {name}"
-    te_dir = Path(te.__file__).resolve().parent.parent
+    te_dir = Path(te.__file__ or "").resolve().parent.parent
     return LoadedTarget(prepared, ops, [n for n in names if n in ops], [], missing, te_dir)
 
 
