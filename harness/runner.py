@@ -89,8 +89,10 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir:
     case_file = case_dir / f"{safe}.cases.json"
     case_file.write_text(json.dumps({"target": prepared.spec, "cases": [c.as_dict() for c in cases]}))
     (case_dir / "pytest.ini").write_text("[pytest]\naddopts =\n")
+    # no:warnings: torch.utils.checkpoint warns on every no-grad-input case; capturing
+    # thousands of those costs time and tells the record nothing.
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
-               "-p", "harness.plugin", "-p", "no:cacheprovider", "-q", "--no-header", "-rN",
+               "-p", "harness.plugin", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
                f"--timeout={case_timeout}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
