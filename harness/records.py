@@ -85,7 +85,7 @@ def lost_case_record(nodeid: str, why: str, text: str) -> dict[str, Any]:
     case = Case(*nodeid.rsplit("::", 1)[1].split("-"))
     from harness.targets import PreparedTarget
 
-    prepared = PreparedTarget.from_json(_target_spec_from_env() or "{}")
+    prepared = PreparedTarget.from_json(_prepared_json_from_config() or "{}")
     record = base_record(case, prepared.spec)
     record.update(outcome="crash", failed_checks=["completion"], details={}, known_deviations=[],
                   error={"type": "WorkerDied" if why == "worker died" else "Timeout", "message": why,
@@ -93,7 +93,7 @@ def lost_case_record(nodeid: str, why: str, text: str) -> dict[str, Any]:
     return finish(record, target_has_fix(prepared))
 
 
-def _target_spec_from_env() -> str:
+def _prepared_json_from_config() -> str:
     from harness.plugin import _state
 
     config = _state.get("config")
