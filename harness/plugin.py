@@ -88,7 +88,8 @@ class CaseItem(pytest.Item):
         from harness.records import judge
 
         target = _target(self.config, self.needs_megatron)
-        record = judge(self.case, target, _state.get("megatron_error"))
+        spec = json.loads(self.config.getoption("--repro-target"))["spec"]
+        record = judge(self.case, spec, target, _state.get("megatron_error"))
         append_record(Path(self.config.getoption("--repro-jsonl")), record)
         if record["outcome"] == "harness_error":
             raise AssertionError(record["error"]["message"] if record["error"] else record["note"])

@@ -43,11 +43,11 @@ def skipped_record(case: Case, target_spec: str, reason: str) -> dict[str, Any]:
     return finish(record, False)
 
 
-def judge(case: Case, target: Any, megatron_error: str | None) -> dict[str, Any]:
-    """Run one case on a loaded target (or record why it cannot run)."""
+def judge(case: Case, spec: str, target: Any, megatron_error: str | None) -> dict[str, Any]:
+    """Run one case on a loaded target (or record why it cannot run), filed under `spec`
+    even when the target never loaded, so its results are counted, never lost."""
     from harness.execute import run_case
 
-    spec = target.prepared.spec if not isinstance(target, TargetLoadError) else "?"
     if isinstance(target, TargetLoadError):
         record = base_record(case, spec)
         record.update(outcome="harness_error", failed_checks=["load"], error=None, details={},

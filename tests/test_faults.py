@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -105,3 +106,22 @@ def test_corrupt_jsonl_lines_are_reported_and_skipped(tmp_path: Path) -> None:
     records, problems = read_jsonl(path)
     assert [r["case_id"] for r in records] == ["a", "c"]
     assert [p.split(":")[0] for p in problems] == ["results.jsonl line 2", "results.jsonl line 3"]
+
+
+def test_unloadable_target_is_recorded_not_lost(tmp_path: Path, cache: Path) -> None:
+    from harness import targets
+
+    tree = tmp_path / "broken"
+    shutil.copytree(Path(targets.prepare("te-2.13.0", cache).root) / "transformer_engine", tree / "transformer_engine")
+    fuser = tree / "transformer_engine/pytorch/ops/fuser.py"
+    fuser.write_text(fuser.read_text() + "\nfrom ..quantization import NoSuchSymbolForTest\n")
+    spec = f"path:{tree}"
+    out = tmp_path / "run"
+    result = subprocess.run([sys.executable, "-m", "repro", "run", "--matrix", "smoke", "--only", "pipeline=rmsnorm",
+                             "--targets", spec, "--out", str(out)], capture_output=True, text=True, cwd=REPO, check=False)
+    assert result.returncode == 1
+    run = json.loads((out / "run.json").read_text())
+    assert run["complete"]
+    ran = [r for r in run["results"] if r["outcome"] != "skipped"]
+    assert ran and all(r["target"] == spec and r["verdict"] == "harness_error" for r in ran)
+    assert "NoSuchSymbolForTest" in ran[0]["note"]
