@@ -6,7 +6,7 @@
    against a bare call of the same pipeline, on a sample of cases, in this process;
 3. worker start-up: a run of one trivial case (pytest session, xdist worker, torch,
    target load), through the CLI and through `run_matrix`, less the case itself;
-4. a bench worker's start-up (`harness.bench_worker`, torch + target load).
+4. a bench worker's start-up (`harness.bench.worker`, torch + target load).
 
     python benchmarks/harness_speed.py [--target te-2.16.0] [--sample 60] [--skip-full-run] [--json PATH]
 
@@ -54,8 +54,8 @@ def full_run(targets: str | None) -> dict[str, Any]:
 
 def startup(target: str) -> dict[str, Any]:
     """Figure 3: one trivial case, through the CLI and through run_matrix."""
-    from harness import sources
-    from harness.runner import run_matrix
+    from harness.runner.sessions import run_matrix
+    from harness.targets import sources
 
     with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
         started = time.perf_counter()
@@ -74,8 +74,9 @@ def startup(target: str) -> dict[str, Any]:
 
 def bench_worker_startup(target: str) -> dict[str, Any]:
     """Figure 4: time until a bench worker (no Megatron) says it is ready."""
-    from harness import sources, targets
+    from harness import targets
     from harness.bench import Worker
+    from harness.targets import sources
 
     prepared = targets.prepare(target, sources.cache_dir())
     with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
@@ -94,9 +95,10 @@ def per_case_overhead(target_spec: str, sample: int) -> dict[str, Any]:
 
     from cases.matrix import generate, skip_reason
     from cases.pipelines import HIDDEN
-    from harness import sources, targets
-    from harness.execute import DTYPES, build_module, grad_mode, import_megatron, make_inputs, run_case, wrap
-    from harness.loader import load
+    from harness import targets
+    from harness.engine.execute import DTYPES, build_module, grad_mode, import_megatron, make_inputs, run_case, wrap
+    from harness.targets import sources
+    from harness.targets.loader import load
 
     import_megatron("cpu")  # before the target: megatron probes `import transformer_engine`
     target = load(targets.prepare(target_spec, sources.cache_dir()))

@@ -11,8 +11,10 @@ from typing import Any
 from tabulate import tabulate
 
 from cases.matrix import PRESETS, generate
-from harness import bench, bench_stats, sources, targets
+from harness import bench, targets
+from harness.bench import stats as bench_stats
 from harness.errors import UsageError
+from harness.targets import sources
 
 
 def _progress(line: str) -> None:
@@ -70,7 +72,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     print()
     print(render_notes(perf))
     try:
-        from harness.bench_plot import perf_svg
+        from harness.bench.plot import perf_svg
 
         (out_dir / "perf.svg").write_text(perf_svg(perf))
         print(f"\nbench dir: {out_dir} (perf.json, perf.svg)")

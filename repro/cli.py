@@ -8,9 +8,10 @@ from collections.abc import Sequence
 
 from tabulate import tabulate
 
-from harness import sources, targets
+from harness import targets
 from harness.errors import TargetLoadError, UsageError
-from harness.probing import probe
+from harness.targets import sources
+from harness.targets.probing import probe
 
 
 def _prepare_row(spec: str, cache, offline: bool) -> tuple[targets.PreparedTarget | None, str | None]:

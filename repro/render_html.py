@@ -20,7 +20,7 @@ import jinja2
 from markupsafe import Markup
 
 from cases.axes import AXES
-from harness import script
+from harness.engine import script
 from harness.errors import UsageError
 from repro import reports
 from repro.summary import BAD_VERDICTS, VERDICTS, headline
@@ -110,7 +110,7 @@ def _perf(perf: Any) -> dict[str, Any] | None:
     if not perf:
         return None
     if isinstance(perf, dict) and perf.get("schema") == "repro.perf/1":
-        from harness.bench_plot import perf_svg
+        from harness.bench.plot import perf_svg
         from repro.bench_commands import render_notes, render_table
 
         # As an <img> data URI: the page's CSP would block the SVG's own inline styles.

@@ -32,7 +32,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from cases import issue22
     from cases.matrix import skip_reason
-    from harness.script import DEFAULT_TARGET, parse_case_id, render_script
+    from harness.engine.script import DEFAULT_TARGET, parse_case_id, render_script
 
     case = parse_case_id(args.case_id)
     if args.script:

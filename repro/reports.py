@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from cases.axes import AXES
-from harness import records
 from harness.errors import UsageError
+from harness.runner import records
 from repro.summary import BAD_VERDICTS, OUTCOMES, VERDICTS
 
 FORMATS = ("md", "verdict-md", "html", "junit", "json")
@@ -96,7 +96,7 @@ def _expected_keys(meta: dict[str, Any], specs: list[str]) -> list[tuple[str, st
 
 
 def _bare_target(spec: str, run_dir: Path) -> dict[str, Any]:
-    from harness.runner import session_name
+    from harness.runner.sessions import session_name
 
     description = run_dir / "sessions" / f"{session_name(spec)}.description"
     return {"spec": spec, "version": "?", "fuser_sha": "?", "patch": None, "patch_status": "?",

@@ -13,8 +13,9 @@ from tabulate import tabulate
 
 from cases.axes import AXES
 from cases.matrix import MAX_CASES_DEFAULT, PRESETS, generate, skip_reason
-from harness import sources, targets
-from harness.runner import CASE_TIMEOUT_S, Interrupted, run_matrix
+from harness import targets
+from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
+from harness.targets import sources
 from repro.reports import write_all_formats
 from repro.summary import exit_status, render_terminal
 
@@ -50,7 +51,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from harness.sweep import sweep
+    from harness.runner.sweep import sweep
 
     generate(args.matrix, args.only, args.max_cases)
     out_dir = Path(args.out or Path("runs") / f"sweep-{args.matrix}")
@@ -67,7 +68,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from harness.devices import unavailable_reasons
+    from harness.targets.devices import unavailable_reasons
 
     rows = [[device, "available" if reason is None else "unavailable", reason or ""]
             for device, reason in unavailable_reasons().items()]

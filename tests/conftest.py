@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from harness import sources, targets
+from harness import targets
+from harness.targets import sources
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -22,8 +23,8 @@ def cache() -> Path:
 @pytest.fixture(scope="session")
 def loaded_target(cache: Path):
     """te-2.20.2 loaded into this test process (the only target it ever loads)."""
-    from harness.execute import import_megatron
-    from harness.loader import load
+    from harness.engine.execute import import_megatron
+    from harness.targets.loader import load
 
     import_megatron("cpu")  # before the target: megatron probes `import transformer_engine`
     return load(targets.prepare("te-2.20.2", cache))

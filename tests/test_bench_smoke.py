@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness import bench, bench_stats
+from harness import bench
+from harness.bench import stats as bench_stats
 from tests.conftest import REPO
 
 THREE = "te-2.13.0,te-2.13.0+backport,te-2.16.0"
@@ -85,7 +86,7 @@ def test_bad_bench_arguments_exit_2(tmp_path: Path) -> None:
 
 
 def test_perf_svg_is_inline_and_deterministic() -> None:
-    from harness.bench_plot import perf_svg
+    from harness.bench.plot import perf_svg
 
     entry = {"numerator": "a+backport", "denominator": "a", "median": 1.02, "min": 0.97, "max": 1.08,
              "per_round": [0.97, 1.02, 1.08], "call": bench_stats.WITHIN_NOISE}

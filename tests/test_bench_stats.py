@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness import bench_stats as bs
+from harness.bench import stats as bs
 
 SPECS = ["te-2.13.0", "te-2.13.0+backport", "te-2.16.0"]
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cases.matrix import Case
-from harness.execute import run_case
+from harness.engine.execute import run_case
 
 
 def _case(**axes: str) -> Case:
@@ -76,7 +76,7 @@ def test_recompute_wrappers_run_backward(loaded_target, recompute: str) -> None:
 
 
 def test_megatron_wrapper_is_megatrons_own_class() -> None:
-    from harness.execute import import_megatron
+    from harness.engine.execute import import_megatron
 
     random = import_megatron("cpu")
     assert random.CheckpointFunction.__module__ == "megatron.core.tensor_parallel.random"

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from harness.faults import ENV
-from harness.records import read_jsonl
+from harness.runner.records import read_jsonl
 from tests.conftest import REPO
 
 SELECTION = ["--matrix", "smoke", "--only", "pipeline=rmsnorm", "--targets", "te-2.20.2"]

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import sources, targets
-from harness.cpu_backend.standins import standin_modules
-from harness.probing import probe
+from harness import targets
+from harness.targets import sources
+from harness.targets.cpu_backend.standins import standin_modules
+from harness.targets.probing import probe
 
 # Every transformer-engine release on the package index in [2.13.0, 2.20.2].
 RELEASES = (

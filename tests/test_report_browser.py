@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from harness.script import render_script
+from harness.engine.script import render_script
 from repro import reports
 from tests.conftest import REPO
 from tests.test_reports import CRASH_CASE, FIXTURE, HOSTILE, planted, with_regression

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UsageError
-from harness.sweep import first_fixed, releases_in_range
+from harness.runner.sweep import first_fixed, releases_in_range
 from tests.conftest import repro
 
 

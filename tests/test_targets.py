@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from harness import patching, sources, targets
+from harness import targets
 from harness.errors import UsageError
-from harness.probing import probe
+from harness.targets import patching, sources
+from harness.targets.probing import probe
 from tests.conftest import repro
 
 

@@ -18,10 +18,10 @@ import torch
 from cases import deviations, issue22
 from cases.matrix import Case
 from cases.pipelines import HIDDEN, PIPELINES
-from harness import checks
+from harness.engine import checks
+from harness.engine.frames import error_record
 from harness.faults import inject_if_asked
-from harness.frames import error_record
-from harness.loader import LoadedTarget
+from harness.targets.loader import LoadedTarget
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OUTCOME_OF_CHECK = {
@@ -41,7 +41,7 @@ def import_megatron(device: str) -> Any:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             from megatron.core.tensor_parallel import random as megatron_random
-        from harness.devices import point_megatron_rng_at
+        from harness.targets.devices import point_megatron_rng_at
 
         point_megatron_rng_at(device, megatron_random)
         _megatron_random = megatron_random

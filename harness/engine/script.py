@@ -40,7 +40,9 @@ TARGET = __TARGET__
 def main() -> int:
     from cases import issue22
     from cases.matrix import Case, skip_reason
-    from harness import records, sources, targets
+    from harness.runner import records
+    from harness.targets import sources
+    from harness import targets
 
     case = Case(*CASE_ID.split("-"))
     reason = skip_reason(case)
@@ -49,11 +51,11 @@ def main() -> int:
         return 0
     if case.recompute == "megatron":
         # Before the target: importing megatron probes `import transformer_engine`.
-        from harness.execute import import_megatron
+        from harness.engine.execute import import_megatron
 
         import_megatron(case.device)
-    from harness.execute import run_case
-    from harness.loader import load
+    from harness.engine.execute import run_case
+    from harness.targets.loader import load
 
     prepared = targets.prepare(TARGET, sources.cache_dir())
     result = run_case(case, load(prepared))

@@ -17,12 +17,12 @@ def main() -> None:
     prepared = PreparedTarget.from_json(sys.argv[1])
     report: dict = {"load_error": None}
     try:
-        from harness.loader import load
+        from harness.targets.loader import load
 
         target = load(prepared)
         report["description"] = target.description
         if "--minimal" in sys.argv:
-            from harness.minimal import run_minimal
+            from harness.engine.minimal import run_minimal
 
             report["minimal"] = run_minimal(target)
     except TargetLoadError as exc:

@@ -1,4 +1,4 @@
-"""Run `harness.probe` on a prepared target in a fresh interpreter."""
+"""Run `harness.targets.probe` on a prepared target in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from harness.targets import PreparedTarget
 
 
 def probe(prepared: PreparedTarget, minimal: bool = False, timeout: float = 300) -> dict[str, Any]:
-    command = [sys.executable, "-m", "harness.probe", prepared.to_json()] + (["--minimal"] if minimal else [])
+    command = [sys.executable, "-m", "harness.targets.probe", prepared.to_json()] + (["--minimal"] if minimal else [])
     result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout)
     if result.returncode != 0 or not result.stdout.strip():
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]

@@ -1,6 +1,6 @@
 """A bench worker: load one target, then answer JSON-line commands on stdin.
 
-    python -m harness.bench_worker '<PreparedTarget JSON>' [--megatron DEVICE]
+    python -m harness.bench.worker '<PreparedTarget JSON>' [--megatron DEVICE]
 
 Commands: {"cmd": "check", "combos": [...]} -> {"reasons": [str | null, ...]};
 {"cmd": "time", "combo": {...}, "reference": bool, "min_run_time": s} -> {"median_s",
@@ -27,11 +27,11 @@ from torch.utils.benchmark import Timer
 
 from cases.pipelines import HIDDEN, PIPELINES, ops_used
 from harness.bench import MODES, TEST_SLOW_ENV, TEST_SLOW_SECONDS_ENV, case_for
-from harness.devices import synchronize
-from harness.execute import DTYPES, build_module, grad_mode, import_megatron, wrap
-from harness.frames import error_record
-from harness.loader import LoadedTarget
+from harness.engine.execute import DTYPES, build_module, grad_mode, import_megatron, wrap
+from harness.engine.frames import error_record
 from harness.targets import PreparedTarget
+from harness.targets.devices import synchronize
+from harness.targets.loader import LoadedTarget
 
 
 def make_step(target: LoadedTarget, combo: dict[str, str], reference: bool,
@@ -149,7 +149,7 @@ def main() -> None:
             megatron_error = f"megatron-core CheckpointFunction unavailable: {exc}"
     ready["megatron_error"] = megatron_error
     from harness.errors import TargetLoadError
-    from harness.loader import load
+    from harness.targets.loader import load
 
     target = None
     try:

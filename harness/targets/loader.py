@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from harness.cpu_backend.ops import make_cpu_ops
-from harness.cpu_backend.standins import standin_modules
 from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
+from harness.targets.cpu_backend.ops import make_cpu_ops
+from harness.targets.cpu_backend.standins import standin_modules
 
 PACKAGE_SHELLS = (
     "transformer_engine",

@@ -13,8 +13,8 @@ import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from harness import patching, sources
 from harness.errors import TargetLoadError, UsageError
+from harness.targets import patching, sources
 
 DEFAULT_TARGETS = ("te-2.13.0", "te-2.13.0+backport", "te-2.16.0", "te-2.20.2")
 SPEC_FORMS = "te-<version>, path:<dir> or installed, each optionally +<patch>"

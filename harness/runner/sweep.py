@@ -9,9 +9,9 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from harness import sources
 from harness.errors import UsageError
-from harness.runner import run_matrix
+from harness.runner.sessions import run_matrix
+from harness.targets import sources
 
 
 def releases_in_range(available: list[str], start: str | None, end: str | None) -> list[str]:

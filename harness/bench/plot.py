@@ -12,7 +12,7 @@ import io
 import re
 from typing import Any
 
-from harness.bench_stats import BACKPORT_VS_UNPATCHED, BACKPORT_VS_UPSTREAM, FUSER_VS_REFERENCE
+from harness.bench.stats import BACKPORT_VS_UNPATCHED, BACKPORT_VS_UPSTREAM, FUSER_VS_REFERENCE
 
 
 def _series(perf: dict[str, Any]) -> list[tuple[str, list[tuple[str, dict[str, Any] | None]]]]:

@@ -49,13 +49,13 @@ def _target(config: pytest.Config, needs_megatron: bool) -> Any:
     if "target" not in _state:
         prepared = PreparedTarget.from_json(config.getoption("--repro-target"))
         if needs_megatron:
-            from harness.execute import import_megatron
+            from harness.engine.execute import import_megatron
 
             try:
                 import_megatron("cpu")
             except Exception as exc:  # noqa: BLE001 — recorded per case as a skip with this reason
                 _state["megatron_error"] = f"megatron-core CheckpointFunction unavailable: {exc}"
-        from harness.loader import load
+        from harness.targets.loader import load
 
         try:
             _state["target"] = load(prepared)
@@ -85,7 +85,7 @@ class CaseItem(pytest.Item):
         self.case, self.needs_megatron = case, needs_megatron
 
     def runtest(self) -> None:
-        from harness.records import judge
+        from harness.runner.records import judge
 
         target = _target(self.config, self.needs_megatron)
         spec = json.loads(self.config.getoption("--repro-target"))["spec"]
@@ -121,6 +121,6 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         why = "per-case timeout"
     else:
         return
-    from harness.records import lost_case_record
+    from harness.runner.records import lost_case_record
 
     append_record(Path(config.getoption("--repro-jsonl")), lost_case_record(report.nodeid, why, text))

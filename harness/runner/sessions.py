@@ -19,9 +19,10 @@ from typing import Any
 import torch
 
 from cases.matrix import Case, generate, skip_reason
-from harness import records, targets
+from harness import targets
 from harness.errors import UsageError
-from harness.plugin import append_records
+from harness.runner import records
+from harness.runner.plugin import append_records
 
 CASE_TIMEOUT_S = 120
 LARGE_SESSION = 4000  # runnable cases per target above which one session gets every worker
@@ -92,13 +93,13 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir:
     # no:warnings: torch.utils.checkpoint warns on every no-grad-input case; capturing
     # thousands of those costs time and tells the record nothing.
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
-               "-p", "harness.plugin", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
+               "-p", "harness.runner.plugin", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
                f"--timeout={case_timeout}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
     command += ["-n", str(max(1, workers))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                          os.environ.get("PYTHONPATH", "")])}
     with open(case_dir / f"{safe}.log", "w") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -157,7 +158,7 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str], out_dir: P
     # Written first, so a run that dies can still say how many results it is missing.
     (out_dir / "run-meta.json").write_text(json.dumps({
         "matrix": matrix, "only": only or [], "targets": specs, "expected_results": len(cases) * len(prepared)}))
-    from harness.devices import unavailable_reasons
+    from harness.targets.devices import unavailable_reasons
 
     device_reasons = unavailable_reasons() if any(c.device != "cpu" for c in cases) else {"cpu": None}
     plan = []

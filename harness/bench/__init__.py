@@ -1,6 +1,6 @@
 """`repro bench`: time each pipeline × dtype × mode on several targets side by side.
 
-Each target lives in its own long-lived worker process (`harness.bench_worker`; one TE
+Each target lives in its own long-lived worker process (`harness.bench.worker`; one TE
 target per process). First every worker checks every combination once; only those that
 complete on every target are timed, the rest are recorded with the reason. Then the
 parent times them in rounds, alternating targets (A B C, B C A, ...), one measurement
@@ -25,9 +25,10 @@ from typing import IO, Any
 import torch
 
 from cases.matrix import Case, generate, skip_reason
-from harness import bench_stats, targets
+from harness import targets
+from harness.bench import stats as bench_stats
 from harness.errors import UsageError
-from harness.runner import check_out_dir, session_name
+from harness.runner.sessions import check_out_dir, session_name
 
 SCHEMA = "repro.perf/1"
 DEFAULT_TARGETS = ("te-2.13.0", "te-2.13.0+backport", "te-2.16.0")
@@ -100,9 +101,9 @@ class Worker:
 
     def __init__(self, prepared: targets.PreparedTarget, log: Path, megatron_device: str | None) -> None:
         self.spec, self.log = prepared.spec, log
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parent.parent),
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                              os.environ.get("PYTHONPATH", "")])}
-        command = [sys.executable, "-m", "harness.bench_worker", prepared.to_json()]
+        command = [sys.executable, "-m", "harness.bench.worker", prepared.to_json()]
         if megatron_device:
             command += ["--megatron", megatron_device]
         with open(log, "w") as handle:  # stderr to a file: a full pipe would stall the worker
@@ -215,7 +216,7 @@ def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list
     todo = combinations(matrix, only, modes)
     check_out_dir(out_dir)
     prepared = [targets.prepare(spec, cache, offline) for spec in specs]
-    from harness.devices import unavailable_reasons
+    from harness.targets.devices import unavailable_reasons
 
     device_reasons: dict[str, str | None] = {"cpu": None}
     if any(c["device"] != "cpu" for c in todo):

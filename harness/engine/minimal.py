@@ -7,8 +7,8 @@ from typing import Any
 
 import torch
 
-from harness.frames import error_record
-from harness.loader import LoadedTarget
+from harness.engine.frames import error_record
+from harness.targets.loader import LoadedTarget
 
 
 def run_minimal(target: LoadedTarget, hidden: int = 16) -> dict[str, Any]:

@@ -10,7 +10,7 @@ from typing import Any
 from cases import issue22
 from cases.matrix import Case
 from harness.errors import TargetLoadError
-from harness.patching import load_patch
+from harness.targets.patching import load_patch
 
 SCHEMA = "repro.run/1"
 
@@ -46,7 +46,7 @@ def skipped_record(case: Case, target_spec: str, reason: str) -> dict[str, Any]:
 def judge(case: Case, spec: str, target: Any, megatron_error: str | None) -> dict[str, Any]:
     """Run one case on a loaded target (or record why it cannot run), filed under `spec`
     even when the target never loaded, so its results are counted, never lost."""
-    from harness.execute import run_case
+    from harness.engine.execute import run_case
 
     if isinstance(target, TargetLoadError):
         record = base_record(case, spec)
@@ -94,7 +94,7 @@ def lost_case_record(nodeid: str, why: str, text: str) -> dict[str, Any]:
 
 
 def _prepared_json_from_config() -> str:
-    from harness.plugin import _state
+    from harness.runner.plugin import _state
 
     config = _state.get("config")
     return config.getoption("--repro-target") if config is not None else "{}"

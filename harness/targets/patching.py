@@ -19,7 +19,7 @@ from pathlib import Path
 
 from harness.errors import UsageError
 
-PATCHES_DIR = Path(__file__).resolve().parent.parent / "patches"
+PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
 
 
 @dataclass(frozen=True)

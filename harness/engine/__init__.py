@@ -1,0 +1,1 @@
+"""Run and check one case: the target's pipeline against the unfused reference."""

@@ -1,0 +1,1 @@
+"""Run cases over targets: pytest sessions with xdist workers, result records, sweeps."""
