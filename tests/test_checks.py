@@ -8,13 +8,14 @@ import dataclasses
 import pytest
 import torch
 
-from cases.matrix import Case
+from cases.case import Case
 from harness.engine.execute import run_case
 
 
 def _case(**axes: str) -> Case:
-    base = {"pipeline": "fused_residual_rmsnorm", "grad_mode": "enabled", "input": "non_leaf",
-            "params": "trainable", "recompute": "none", "sequence": "single", "dtype": "float32", "device": "cpu"}
+    base = {"regression": "issue22", "client": "ops", "pipeline": "fused_residual_rmsnorm", "grad_mode": "enabled",
+            "input": "non_leaf", "params": "trainable", "recompute": "none", "sequence": "single",
+            "grad_form": "dense", "dtype": "float32", "device": "cpu"}
     return Case(**{**base, **axes})
 
 
@@ -56,6 +57,18 @@ def test_flipped_caller_requires_grad_is_caught(loaded_target) -> None:
                       _with_rmsnorm(loaded_target, FlipsCaller))
     assert record["outcome"] == "side_effect"
     assert any("requires_grad" in d for d in record["details"]["caller_tensors"])
+
+
+def test_side_effect_then_crash_records_both(loaded_target) -> None:
+    class FlipsThenRaises(loaded_target.ops["RMSNorm"]):
+        def op_forward(self, ctx, input_, **kwargs):
+            input_.requires_grad_(False)
+            raise ValueError("deliberate, after the side effect")
+
+    record = run_case(_case(pipeline="rmsnorm", grad_mode="no_grad", input="leaf_requires_grad"),
+                      _with_rmsnorm(loaded_target, FlipsThenRaises))
+    assert record["outcome"] == "crash" and record["error"]["type"] == "ValueError"
+    assert record["side_effects"] == ["caller's x.requires_grad: True -> False, reference -> True"]
 
 
 def test_raising_op_is_a_crash_with_te_location(loaded_target) -> None:

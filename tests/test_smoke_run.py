@@ -10,12 +10,16 @@ from tests.conftest import repro
 
 def test_smoke_matrix_end_to_end(tmp_path: Path) -> None:
     result = repro("run", "--matrix", "smoke", "--out", str(tmp_path), check_rc=0)
-    assert "backport matches upstream te-2.16.0 on every case" in result.stdout
+    assert "te-2.13.0+backport matches te-2.16.0 on every case both ran" in result.stdout
     run = json.loads((tmp_path / "run.json").read_text())
-    assert run["schema"] == "repro.run/1" and run["complete"]
+    assert run["schema"] == "repro.run/2" and run["complete"]
     verdicts = {(r["target"], r["verdict"]) for r in run["results"]}
     assert ("te-2.13.0", "reproduced") in verdicts
     assert ("te-2.13.0+backport", "fixed") in verdicts
-    assert not any(r["verdict"] in ("regression", "harness_error", "unexpected_pass") for r in run["results"])
+    assert not any(r["verdict"] in ("other_failure", "regression", "harness_error", "unexpected_pass")
+                   for r in run["results"])
+    roles = {t["spec"]: t["roles"]["issue22"] for t in run["environment"]["targets"]}
+    assert roles == {"te-2.13.0": "unpatched", "te-2.13.0+backport": "patched", "te-2.16.0": "fixed_upstream",
+                     "te-2.20.2": "fixed_upstream"}
     crash = next(r for r in run["results"] if r["target"] == "te-2.13.0" and r["outcome"] == "crash")
     assert crash["error"]["location"].startswith("transformer_engine/pytorch/ops/fuser.py:")

@@ -1,4 +1,4 @@
-"""The release sweep finds the release that fixed issue 22."""
+"""The release sweep names each regression's first affected and first fixed release."""
 
 from __future__ import annotations
 
@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UsageError
-from harness.runner.sweep import first_fixed, releases_in_range
+from harness.runner.sweep import first_affected, first_fixed, not_monotonic, releases_in_range
 from tests.conftest import repro
 
 
-def _rows(*verdicts: str) -> list[dict]:
-    return [{"release": f"2.{i}.0", "verdict": v} for i, v in enumerate(verdicts)]
+def _rows(*states: str) -> list[dict]:
+    return [{"release": f"2.{i}.0", "state": s} for i, s in enumerate(states)]
 
 
 def test_first_fixed_rule() -> None:
@@ -21,6 +21,16 @@ def test_first_fixed_rule() -> None:
     assert first_fixed(_rows("affected", "fixed", "affected")) is None  # broken again later
     assert first_fixed(_rows("fixed", "fixed")) is None  # never affected in the range
     assert first_fixed(_rows("affected", "not loadable")) is None  # an unloadable release is never fixed
+
+
+def test_first_affected_and_not_monotonic() -> None:
+    assert first_affected(_rows("fixed", "affected", "fixed")) == "2.1.0"
+    assert first_affected(_rows("affected", "fixed")) == "before 2.0.0"
+    assert first_affected(_rows("not loadable", "affected", "fixed")) == "before 2.1.0"
+    assert first_affected(_rows("fixed", "fixed")) is None
+    # a fix backported to one release and missing from the next is shown as it is
+    assert not_monotonic(_rows("affected", "fixed", "affected", "fixed")) == ["2.2.0"]
+    assert first_fixed(_rows("affected", "fixed", "affected", "fixed")) == "2.3.0"
 
 
 def test_range_selection() -> None:
@@ -32,7 +42,9 @@ def test_range_selection() -> None:
 
 
 def test_sweep_names_2_16_0(tmp_path: Path) -> None:
-    result = repro("sweep", "--matrix", "smoke", "--from", "2.15.0", "--to", "2.16.1", "--out", str(tmp_path),
+    result = repro("sweep", "--matrix", "issue22", "--from", "2.15.0", "--to", "2.16.1", "--out", str(tmp_path),
                    check_rc=0)
-    assert "first release in which every affected case passes: 2.16.0" in result.stdout
-    assert "2.15.0     4/4" in result.stdout
+    assert "first fixed release: 2.16.0 (declared: 2.16.0)" in result.stdout
+    assert "first affected release: before 2.15.0" in result.stdout
+    row = next(line.split() for line in result.stdout.splitlines() if line.startswith("2.15.0"))
+    assert row[1:6] == ["6", "6", "0", "0", "0"]  # affected, reproduced, failed otherwise, passed, others

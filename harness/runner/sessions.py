@@ -175,9 +175,9 @@ def plan_targets(selections: list[Selection], specs: list[str] | None) -> dict[s
 def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out_dir: Path, workers: int, cache: Path,
                offline: bool = False, max_cases: int | None = None,
                progress: Callable[[str], None] = print, case_timeout: float = CASE_TIMEOUT_S,
-               role_override: Role | None = None) -> dict[str, Any]:
+               role_override: Role | None = None, preset: str = "default") -> dict[str, Any]:
     """Run a matrix; `role_override` judges every target with one role (the sweep's unknown)."""
-    selections = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}))
+    selections = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}), preset=preset)
     by_target = plan_targets(selections, specs)
     check_out_dir(out_dir)
     prepared = {spec: targets.prepare(spec, cache, offline) for spec in by_target}

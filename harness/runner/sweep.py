@@ -101,7 +101,7 @@ def sweep(matrix: str, only: list[str] | None, start: str | None, end: str | Non
     versions = releases_in_range(available, start or DEFAULT_FROM, end)
     progress(f"sweeping {len(versions)} releases: {', '.join(versions)}")
     run = run_matrix(matrix, only, [f"te-{v}" for v in versions], out_dir, workers, cache, offline,
-                     progress=progress, role_override=Role.UNKNOWN)
+                     progress=progress, role_override=Role.UNKNOWN, preset="sweep")
     rows = [release_row(v, run["results"]) for v in versions]
     return {"rows": rows, "first_affected": first_affected(rows), "first_fixed": first_fixed(rows),
             "not_monotonic": not_monotonic(rows), "run": run}
