@@ -35,3 +35,8 @@ AXES: dict[str, tuple[str, ...]] = {
 # and whether it is a leaf.
 INPUTS_REQUIRING_GRAD = ("leaf_requires_grad", "non_leaf", "view")
 NON_LEAF_INPUTS = ("non_leaf", "view")
+
+
+def narrowed(**chosen: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """A preset: each axis at its first value, except the axes given."""
+    return {axis: chosen.get(axis, values[:1]) for axis, values in AXES.items()}

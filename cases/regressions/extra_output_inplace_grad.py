@@ -11,7 +11,7 @@ Dense gradients (a weighted loss) hide the bug.
 from __future__ import annotations
 
 from cases import deviations
-from cases.axes import AXES, INPUTS_REQUIRING_GRAD
+from cases.axes import INPUTS_REQUIRING_GRAD, narrowed
 from cases.case import Case
 from cases.pipelines import PIPELINES
 from cases.regression import Regression, Rule, Symptom
@@ -76,22 +76,20 @@ REGRESSION = Regression(
     ),
     exclude=_exclude,
     presets={
-        "default": {
-            **{axis: values[:1] for axis, values in AXES.items()},
-            "pipeline": ("fused_residual_rmsnorm", "residual_layernorm", "extra_output_only", "linear_bias_extra",
+        "default": narrowed(
+            pipeline=("fused_residual_rmsnorm", "residual_layernorm", "extra_output_only", "linear_bias_extra",
                          "residual_mlp", "rmsnorm"),
-            "input": ("leaf", "leaf_requires_grad", "non_leaf"),
-            "params": ("trainable", "frozen"),
-            "recompute": ("none", "checkpoint_non_reentrant"),
-            "grad_form": ("dense", "expanded"),
-            "dtype": ("float32", "bfloat16"),
-        },
-        "sweep": {
-            **{axis: values[:1] for axis, values in AXES.items()},
-            "pipeline": ("fused_residual_rmsnorm", "rmsnorm"),
-            "input": ("leaf", "non_leaf"),
-            "grad_form": ("dense", "expanded"),
-        },
+            input=("leaf", "leaf_requires_grad", "non_leaf"),
+            params=("trainable", "frozen"),
+            recompute=("none", "checkpoint_non_reentrant"),
+            grad_form=("dense", "expanded"),
+            dtype=("float32", "bfloat16"),
+        ),
+        "sweep": narrowed(
+            pipeline=("fused_residual_rmsnorm", "rmsnorm"),
+            input=("leaf", "non_leaf"),
+            grad_form=("dense", "expanded"),
+        ),
     },
     default_targets=("te-2.6.0.post1", "te-2.6.0.post1+extra_output_out_of_place", "te-2.7.0"),
     deviations=(deviations.PASS_THROUGH_REQUIRES_GRAD, deviations.MARKS_CALLER_INPUT),

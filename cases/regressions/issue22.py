@@ -18,7 +18,7 @@ recompute_pattern. With grad enabled the calls set True, a legal no-op on a non-
 from __future__ import annotations
 
 from cases import deviations
-from cases.axes import AXES, INPUTS_REQUIRING_GRAD, NON_LEAF_INPUTS
+from cases.axes import AXES, INPUTS_REQUIRING_GRAD, NON_LEAF_INPUTS, narrowed
 from cases.case import Case
 from cases.pipelines import PIPELINES
 from cases.regression import Regression, Rule, Symptom
@@ -84,20 +84,18 @@ REGRESSION = Regression(
     exclude=_exclude,
     presets={
         "default": {**AXES, "grad_form": ("dense",), "dtype": ("float32", "bfloat16"), "device": ("cpu",)},
-        "smoke": {
-            **{axis: values[:1] for axis, values in AXES.items()},
-            "pipeline": ("fused_residual_rmsnorm", "extra_output_only", "rmsnorm"),
-            "grad_mode": ("enabled", "no_grad"),
-            "input": ("leaf", "non_leaf"),
-            "recompute": ("none", "checkpoint_reentrant"),
-        },
+        "smoke": narrowed(
+            pipeline=("fused_residual_rmsnorm", "extra_output_only", "rmsnorm"),
+            grad_mode=("enabled", "no_grad"),
+            input=("leaf", "non_leaf"),
+            recompute=("none", "checkpoint_reentrant"),
+        ),
         "full": {**AXES, "grad_form": ("dense",)},
-        "sweep": {
-            **{axis: values[:1] for axis, values in AXES.items()},
-            "pipeline": ("fused_residual_rmsnorm", "extra_output_only", "rmsnorm"),
-            "grad_mode": ("enabled", "no_grad"),
-            "input": ("leaf", "leaf_requires_grad", "non_leaf"),
-        },
+        "sweep": narrowed(
+            pipeline=("fused_residual_rmsnorm", "extra_output_only", "rmsnorm"),
+            grad_mode=("enabled", "no_grad"),
+            input=("leaf", "leaf_requires_grad", "non_leaf"),
+        ),
     },
     default_targets=("te-2.13.0", "te-2.13.0+backport", "te-2.16.0", "te-2.20.2"),
     deviations=(deviations.PASS_THROUGH_REQUIRES_GRAD, deviations.MARKS_CALLER_INPUT),

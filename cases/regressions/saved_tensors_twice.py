@@ -12,7 +12,7 @@ Megatron checkpointing, which install no saved-tensor hooks.
 from __future__ import annotations
 
 from cases import deviations
-from cases.axes import AXES, INPUTS_REQUIRING_GRAD
+from cases.axes import INPUTS_REQUIRING_GRAD, narrowed
 from cases.case import Case
 from cases.pipelines import PIPELINES
 from cases.regression import Regression, Rule, Symptom
@@ -57,21 +57,19 @@ REGRESSION = Regression(
     ),
     exclude=lambda case: None,
     presets={
-        "default": {
-            **{axis: values[:1] for axis, values in AXES.items()},
-            "pipeline": ("fused_residual_rmsnorm", "residual_layernorm", "linear_bias_extra", "residual_mlp",
+        "default": narrowed(
+            pipeline=("fused_residual_rmsnorm", "residual_layernorm", "linear_bias_extra", "residual_mlp",
                          "rmsnorm", "extra_output_only"),
-            "input": ("leaf", "leaf_requires_grad", "non_leaf"),
-            "params": ("trainable", "frozen"),
-            "recompute": ("none", "checkpoint_reentrant", "checkpoint_non_reentrant", "megatron"),
-            "dtype": ("float32", "bfloat16"),
-        },
-        "sweep": {
-            **{axis: values[:1] for axis, values in AXES.items()},
-            "pipeline": ("fused_residual_rmsnorm", "rmsnorm"),
-            "input": ("leaf", "non_leaf"),
-            "recompute": ("none", "checkpoint_non_reentrant"),
-        },
+            input=("leaf", "leaf_requires_grad", "non_leaf"),
+            params=("trainable", "frozen"),
+            recompute=("none", "checkpoint_reentrant", "checkpoint_non_reentrant", "megatron"),
+            dtype=("float32", "bfloat16"),
+        ),
+        "sweep": narrowed(
+            pipeline=("fused_residual_rmsnorm", "rmsnorm"),
+            input=("leaf", "non_leaf"),
+            recompute=("none", "checkpoint_non_reentrant"),
+        ),
     },
     default_targets=("te-2.4.0", "te-2.4.0+saved_tensors_once", "te-2.5.0"),
     deviations=(deviations.PASS_THROUGH_REQUIRES_GRAD, deviations.MARKS_CALLER_INPUT),
