@@ -21,8 +21,9 @@ from typing import Any
 
 from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
+from harness.targets.cpu_backend import kernels
 from harness.targets.cpu_backend.ops import make_cpu_ops
-from harness.targets.cpu_backend.standins import standin_modules
+from harness.targets.cpu_backend.standins import decode_cudnn_version, standin_modules
 
 PACKAGE_SHELLS = (
     "transformer_engine",
@@ -30,6 +31,9 @@ PACKAGE_SHELLS = (
     "transformer_engine.pytorch",
     "transformer_engine.pytorch.ops",
     "transformer_engine.pytorch.ops.basic",
+    "transformer_engine.pytorch.module",
+    "transformer_engine.debug",
+    "transformer_engine.debug.pytorch",
 )
 # TE's own pass-through ops, by class name and the module that holds each, newest name first.
 TE_OPS = {
@@ -40,6 +44,12 @@ TE_OPS = {
     "ConstantScale": ("constant_scale",),
 }
 OLD_NAMES = {"AddExtraInput": "AddInPlace"}
+# TE's own norm ops, which run as shipped on the kernel stand-ins (cpu_backend/kernels.py):
+# op name -> (ops/basic module, module/ file holding the te.pytorch module of that name, kernels it calls).
+TE_NORM_OPS = {
+    "RMSNorm": ("rmsnorm", "rmsnorm", ("rmsnorm_fwd", "rmsnorm_bwd")),
+    "LayerNorm": ("layer_norm", "layernorm", ("layernorm_fwd", "layernorm_bwd")),
+}
 
 
 @dataclass
@@ -50,13 +60,23 @@ class LoadedTarget:
     backend_ops: list[str]
     missing_ops: dict[str, str] = field(default_factory=dict)  # op name -> why it is absent
     te_dir: Path | None = None
+    te_modules: dict[str, Any] = field(default_factory=dict)  # te.pytorch module classes (RMSNorm, LayerNorm)
+    kernel_standins: list[str] = field(default_factory=list)  # extension functions the CPU backend replaces
+    own_op_fallbacks: dict[str, str] = field(default_factory=dict)  # op name -> why TE's own op could not run
 
     @property
     def description(self) -> str:
         te = ", ".join(self.te_ops)
         if self.prepared.backend == "native":
             return f"native TE: every op is TE's own ({te})"
-        return f"TE's own: {te}; CPU backend: {', '.join(self.backend_ops)}"
+        text = f"TE's own: {te}; CPU backend: {', '.join(self.backend_ops)}"
+        if self.te_modules:
+            text += f"; te.pytorch modules: {', '.join(self.te_modules)}"
+        if self.kernel_standins:
+            text += f"; kernels stood in: {', '.join(self.kernel_standins)}"
+        for name, why in self.own_op_fallbacks.items():
+            text += f"; {name} is the CPU backend's ({why})"
+        return text
 
 
 def _shell(name: str, directory: Path) -> types.ModuleType:
@@ -113,8 +133,45 @@ def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
         else:
             missing[op_name] = f"{prepared.spec} has no ops/basic/{module_names[0]}.py"
     backend = make_cpu_ops(op_module.BasicOperation)
-    ops.update(backend)
-    return LoadedTarget(prepared, ops, te_ops, list(backend), missing, te_dir)
+    own, modules, fallbacks = _load_te_norm_ops(prepared.spec, te_dir)
+    ops.update({**backend, **own})
+    te_ops += list(own)
+    # What ops/__init__.py would export: TE's own classes only, never the backend's,
+    # so that `te.pytorch.ops.X` (module/rmsnorm.py, Megatron) finds what TE itself provides.
+    for name in ("Sequential", "BasicOperation", *[n for n in TE_OPS if n in ops], *own):
+        setattr(sys.modules["transformer_engine.pytorch.ops"], name, ops[name])
+    for name, cls in modules.items():
+        setattr(sys.modules["transformer_engine.pytorch"], name, cls)
+    stood_in = [f"transformer_engine_torch.{k}" for name in own for k in TE_NORM_OPS[name][2]]
+    assert all(k.rpartition(".")[2] in kernels.KERNELS for k in stood_in)
+    return LoadedTarget(prepared, ops, te_ops, [n for n in backend if n not in own], missing, te_dir,
+                        te_modules=modules, kernel_standins=stood_in, own_op_fallbacks=fallbacks)
+
+
+def _load_te_norm_ops(spec: str, te_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """TE's own RMSNorm/LayerNorm ops and te.pytorch modules, on the kernel stand-ins.
+
+    A release whose norm op needs more than the CPU backend provides keeps the backend's
+    op for that name; the reason is returned so the target description can say it.
+    """
+    # 2.20's utils.py imports this from the package root, whose real __init__ loads the library.
+    sys.modules["transformer_engine.common"].decode_cudnn_version = decode_cudnn_version
+    own: dict[str, Any] = {}
+    modules: dict[str, Any] = {}
+    fallbacks: dict[str, str] = {}
+    for name, (op_file, module_file, _kernels) in TE_NORM_OPS.items():
+        try:
+            own[name] = getattr(_import(spec, f"transformer_engine.pytorch.ops.basic.{op_file}"), name)
+        except TargetLoadError as exc:
+            fallbacks[name] = str(exc).removeprefix(f"target {spec}: ")
+            continue
+        setattr(sys.modules["transformer_engine.pytorch.ops"], name, own[name])
+        if (te_dir / "pytorch/module" / f"{module_file}.py").is_file():
+            try:
+                modules[name] = getattr(_import(spec, f"transformer_engine.pytorch.module.{module_file}"), name)
+            except TargetLoadError as exc:
+                fallbacks[f"te.pytorch.{name}"] = str(exc).removeprefix(f"target {spec}: ")
+    return own, modules, fallbacks
 
 
 def load_native(prepared: PreparedTarget) -> LoadedTarget:
