@@ -34,12 +34,18 @@ class StrictModule(types.ModuleType):
         self.__dict__["_standin_target"] = target
         self.__dict__["_standin_prefixes"] = prefixes
 
+    # Set while a client that probes optional names (Megatron) is imported: it gets the
+    # error to raise instead, one that also reads as "absent" to hasattr and try/except ImportError.
+    probe_hook: Callable[[str, str, str], Exception] | None = None
+
     def __getattr__(self, symbol: str) -> Any:
         if symbol.startswith("__") and symbol.endswith("__"):
             raise AttributeError(symbol)
         for prefix, factory in self._standin_prefixes.items():
             if symbol.startswith(prefix):
                 return factory(symbol)
+        if StrictModule.probe_hook is not None:
+            raise StrictModule.probe_hook(self._standin_target, self.__name__, symbol)
         raise FidelityError(self._standin_target, self.__name__, symbol)
 
 
