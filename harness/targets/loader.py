@@ -11,6 +11,7 @@ One process holds one target: two TE versions cannot share an interpreter.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import sys
@@ -18,6 +19,8 @@ import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
@@ -73,7 +76,7 @@ class LoadedTarget:
         if self.te_modules:
             text += f"; te.pytorch modules: {', '.join(self.te_modules)}"
         if self.kernel_standins:
-            text += f"; kernels stood in: {', '.join(self.kernel_standins)}"
+            text += f"; kernels stood in: {', '.join(self.kernel_standins)} (and utils._empty_tensor on the CPU)"
         for name, why in self.own_op_fallbacks.items():
             text += f"; {name} is the CPU backend's ({why})"
         return text
@@ -171,7 +174,17 @@ def _load_te_norm_ops(spec: str, te_dir: Path) -> tuple[dict[str, Any], dict[str
                 modules[name] = getattr(_import(spec, f"transformer_engine.pytorch.module.{module_file}"), name)
             except TargetLoadError as exc:
                 fallbacks[f"te.pytorch.{name}"] = str(exc).removeprefix(f"target {spec}: ")
+    utils = sys.modules.get("transformer_engine.pytorch.utils")
+    if own and utils is not None and hasattr(utils, "_empty_tensor"):
+        # clear_tensor_data (the ops' backward) frees saved tensors by pointing them at an
+        # empty tensor that utils allocates with `.cuda()`; on the CPU backend it is a CPU one.
+        utils._empty_tensor = _empty_cpu_tensor
     return own, modules, fallbacks
+
+
+@functools.cache
+def _empty_cpu_tensor() -> torch.Tensor:
+    return torch.Tensor()
 
 
 def load_native(prepared: PreparedTarget) -> LoadedTarget:
@@ -194,7 +207,17 @@ def load_native(prepared: PreparedTarget) -> LoadedTarget:
     return LoadedTarget(prepared, ops, [n for n in names if n in ops], [], missing, te_dir)
 
 
+_LOADED: LoadedTarget | None = None
+
+
+def loaded() -> LoadedTarget | None:
+    """The target this process loaded (Megatron is imported on top of it)."""
+    return _LOADED
+
+
 def load(prepared: PreparedTarget) -> LoadedTarget:
+    global _LOADED
     if prepared.patch_status == "conflict":
         raise TargetLoadError(f"target {prepared.spec}: patch {prepared.patch} does not apply (conflict)")
-    return load_native(prepared) if prepared.backend == "native" else load_cpu(prepared)
+    _LOADED = load_native(prepared) if prepared.backend == "native" else load_cpu(prepared)
+    return _LOADED
