@@ -99,7 +99,6 @@ class _AbsentModules(importlib.abc.MetaPathFinder):
         if top == "transformer_engine" or top in ABSENT_PACKAGES:
             self.log.record(fullname)
             raise ModuleNotFoundError(f"No module named {fullname!r}", name=fullname)
-        return None
 
 
 def _unbuildable(qualname: str, base: type = torch.nn.Module) -> type:
