@@ -49,16 +49,17 @@ def main() -> int:
     if reason:
         print(f"case {CASE_ID} on {TARGET}: skipped ({reason})")
         return 0
-    if case.recompute == "megatron":
-        # Before the target: importing megatron probes `import transformer_engine`.
-        from harness.engine.execute import import_megatron
-
-        import_megatron(case.device)
     from harness.engine.execute import run_case
     from harness.targets.loader import load
 
     prepared = targets.prepare(TARGET, sources.cache_dir())
-    result = run_case(case, load(prepared))
+    target = load(prepared)
+    if case.recompute == "megatron":
+        # After the target: importing megatron probes `import transformer_engine`.
+        from harness.engine.execute import import_megatron
+
+        import_megatron(case.device)
+    result = run_case(case, target)
     prediction = issue22.predict(case)
     verdict = issue22.verdict(prediction.expected, result["outcome"], records.target_has_fix(prepared))
     print(f"case {CASE_ID} on {TARGET} (fuser.py {prepared.fuser_sha}, patch {prepared.patch_status})")
