@@ -24,11 +24,11 @@ def check_client_args(args: argparse.Namespace) -> None:
 
 def minimal_client(args: argparse.Namespace, prepared: targets.PreparedTarget, cache: Path) -> int:
     megatron = prepare_megatron(args.megatron or DEFAULT_VERSION, cache, args.offline)
-    report = run_in_subprocess(prepared, megatron, args.client, args.recompute)
+    report = run_in_subprocess(prepared, megatron, [(args.client, args.recompute)])
     if report["load_error"]:
         print(f"{prepared.spec} with megatron-core {megatron.version}: could not load: {report['load_error']}")
         return 1
-    outcome = report["minimal"]
+    outcome = report["results"][0]
     print(f"target {prepared.spec} (fuser.py {prepared.fuser_sha}, patch {prepared.patch_status}); "
           f"megatron-core {megatron.version} ({megatron.source})")
     print(f"scenario: {outcome['client']}, recompute {outcome['recompute']}: {outcome['description']}, "

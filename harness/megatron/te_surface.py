@@ -31,8 +31,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from packaging.version import InvalidVersion, Version
 
-from harness.errors import FidelityError
+from harness.errors import FidelityError, TargetLoadError
 from harness.targets.cpu_backend.standins import StrictModule
 from harness.targets.loader import LoadedTarget
 
@@ -170,6 +171,11 @@ def install(target: LoadedTarget, megatron_root: Path) -> Surface:
     """Make TE, as Megatron sees it, out of the loaded target; call before importing Megatron."""
     log = ProbeLog(megatron_root)
     provided: list[str] = []
+    try:
+        Version(target.prepared.version)
+    except InvalidVersion:
+        raise TargetLoadError(f"target {target.prepared.spec}: Megatron reads TE's version, and this tree has none "
+                              "(no VERSION.txt or dist-info)") from None
     te = sys.modules["transformer_engine"]
     te.__version__ = target.prepared.version
     for name, symbols in _standins(target).items():
