@@ -33,21 +33,25 @@ def megatron(cache: Path) -> PreparedMegatron:
     return prepare_megatron(DEFAULT_VERSION, cache)
 
 
-@pytest.fixture(scope="module", params=["te-2.13.0", "te-2.13.0+backport", "te-2.16.0"])
-def target_run(request: pytest.FixtureRequest, cache: Path, megatron: PreparedMegatron) -> tuple[str, dict]:
-    report = run_in_subprocess(targets.prepare(request.param, cache), megatron, SCENARIOS)
-    assert report["load_error"] is None, report["load_error"]
-    return request.param, report
+@pytest.fixture(scope="module")
+def run_target(cache: Path, megatron: PreparedMegatron):
+    """spec -> the worker's report for all SCENARIOS on that target (one worker per target)."""
+    reports: dict[str, dict] = {}
+
+    def run(spec: str) -> dict:
+        if spec not in reports:
+            reports[spec] = run_in_subprocess(targets.prepare(spec, cache), megatron, SCENARIOS)
+            assert reports[spec]["load_error"] is None, reports[spec]["load_error"]
+        return reports[spec]
+
+    return run
 
 
 def _results(report: dict) -> dict[str, dict]:
     return {f"{r['client']} {r['recompute']}": r for r in report["results"]}
 
 
-def test_unpatched_release_crashes_only_under_recompute(target_run: tuple[str, dict]) -> None:
-    spec, report = target_run
-    if spec != "te-2.13.0":
-        pytest.skip("the unpatched release only")
+def check_crashes_only_under_recompute(report: dict) -> None:
     for key, result in _results(report).items():
         if key not in AFFECTED:
             assert result["completed"] and result["matched"], (key, result.get("error"), result.get("failures"))
@@ -58,12 +62,20 @@ def test_unpatched_release_crashes_only_under_recompute(target_run: tuple[str, d
         assert error["location"].startswith("transformer_engine/pytorch/ops/fuser.py:"), error["location"]
 
 
+def check_completes_and_matches(report: dict) -> None:
+    for key, result in _results(report).items():
+        assert result["completed"], (key, result.get("error"))
+        assert result["matched"], (key, result["failures"])
+        assert result["compared"]["parameter_grads"] >= 1
+
+
+def test_unpatched_release_crashes_only_under_recompute(run_target) -> None:
+    check_crashes_only_under_recompute(run_target("te-2.13.0"))
+
+
 @pytest.mark.parametrize("recompute", ["full_block", "full_uniform"])
-def test_block_crash_has_the_reports_frames_in_order(target_run: tuple[str, dict], recompute: str) -> None:
-    spec, report = target_run
-    if spec != "te-2.13.0":
-        pytest.skip("the unpatched release only")
-    result = _results(report)[f"megatron_block {recompute}"]
+def test_block_crash_has_the_reports_frames_in_order(run_target, recompute: str) -> None:
+    result = _results(run_target("te-2.13.0"))[f"megatron_block {recompute}"]
     rows = result["frame_table"]
     assert [(r["expected_file"], r["expected_function"]) for r in rows] == [f[:2] for f in frames.REPORT_FRAMES]
     assert all(r["observed"] and r["in_order"] for r in rows), rows
@@ -75,18 +87,14 @@ def test_block_crash_has_the_reports_frames_in_order(target_run: tuple[str, dict
     assert result["frames"][-1]["file"] == "transformer_engine/pytorch/ops/fuser.py"
 
 
-def test_fixed_targets_complete_and_match_the_block_without_recompute(target_run: tuple[str, dict]) -> None:
-    spec, report = target_run
-    if spec == "te-2.13.0":
-        pytest.skip("the fixed targets only")
-    for key, result in _results(report).items():
-        assert result["completed"], (spec, key, result.get("error"))
-        assert result["matched"], (spec, key, result["failures"])
-        assert result["compared"]["parameter_grads"] >= 1
+@pytest.mark.parametrize("spec", ["te-2.13.0+backport", "te-2.16.0"])
+def test_fixed_targets_complete_and_match_the_block_without_recompute(run_target, spec: str) -> None:
+    check_completes_and_matches(run_target(spec))
 
 
-def test_target_and_megatron_descriptions_say_what_is_real(target_run: tuple[str, dict]) -> None:
-    _, report = target_run
+@pytest.mark.parametrize("spec", ["te-2.13.0", "te-2.13.0+backport", "te-2.16.0"])
+def test_target_and_megatron_descriptions_say_what_is_real(run_target, spec: str) -> None:
+    report = run_target(spec)
     assert "TE's own: MakeExtraOutput" in report["target_description"]
     assert "RMSNorm" in report["target_description"].split("; CPU backend:")[0]
     assert "kernels stood in: transformer_engine_torch.rmsnorm_fwd" in report["target_description"]
@@ -94,6 +102,14 @@ def test_target_and_megatron_descriptions_say_what_is_real(target_run: tuple[str
     assert "TEFusedResidualRMSNorm defined" in megatron
     assert "triton (megatron/core/" in megatron  # Megatron's own guarded probe found it absent
     assert "transformer_engine.pytorch.attention (megatron/core/extensions/transformer_engine.py:" in megatron
+
+
+def test_checks_fail_on_the_wrong_target(run_target) -> None:
+    """The two checks above, crossed: each fails on the other kind of target."""
+    with pytest.raises(AssertionError):
+        check_crashes_only_under_recompute(run_target("te-2.16.0"))
+    with pytest.raises(AssertionError):
+        check_completes_and_matches(run_target("te-2.13.0"))
 
 
 # -- frame table, on traceback text ------------------------------------------------------
@@ -209,3 +225,24 @@ def test_in_process_probe_misses_read_as_absent(loaded_target) -> None:
     assert "transformer_engine.pytorch.distributed.no_such_name_for_the_test" in loaded().probes.misses
     with pytest.raises(FidelityError, match="no_such_name_for_the_test"):
         distributed.no_such_name_for_the_test  # noqa: B018
+
+
+@pytest.mark.parametrize("broken", [None, "forward_eps", "backward_dgamma"])
+def test_norm_comparison_catches_a_broken_kernel(loaded_target, monkeypatch: pytest.MonkeyPatch, broken) -> None:
+    """megatron_norm's reference is plain torch, so a broken kernel under TE's own op shows."""
+    from harness.megatron.loader import loaded
+    from harness.megatron.minimal import run_client_minimal
+
+    op_module = sys.modules["transformer_engine.pytorch.ops.basic.rmsnorm"]
+    fwd, bwd = op_module.rmsnorm_fwd, op_module.rmsnorm_bwd
+    if broken == "forward_eps":
+        monkeypatch.setattr(op_module, "rmsnorm_fwd", lambda x, w, eps, *rest: fwd(x, w, 0.5, *rest))
+    elif broken == "backward_dgamma":
+        monkeypatch.setattr(op_module, "rmsnorm_bwd", lambda *args: (bwd(*args)[0], bwd(*args)[1] * 1.1))
+    result = run_client_minimal(loaded_target, loaded(), "megatron_norm", "megatron_checkpoint")
+    assert result["completed"], result["error"]
+    assert result["matched"] is (broken is None), result["failures"]
+    if broken == "forward_eps":
+        assert any(f.startswith("output 0") for f in result["failures"])
+    if broken == "backward_dgamma":
+        assert [f.split(":")[0] for f in result["failures"]] == ["grad of weight"]

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -93,7 +94,9 @@ def _config(megatron: LoadedMegatron, dtype: torch.dtype, recompute: str, **over
         "masked_softmax_fusion": False, "persist_layer_norm": False,
     }
     fields.update(overrides)
-    return megatron.module("transformer.transformer_config").MLATransformerConfig(**fields)
+    with warnings.catch_warnings():  # 0.19 warns that its own default cuda_graph_scope is deprecated
+        warnings.filterwarnings("ignore", message="full scope is deprecated")
+        return megatron.module("transformer.transformer_config").MLATransformerConfig(**fields)
 
 
 def _clone_params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
