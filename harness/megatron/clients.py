@@ -76,7 +76,10 @@ def ensure_parallel_state(megatron: LoadedMegatron, seed: int) -> None:
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel(1, 1)
         _PARALLEL_STATE_READY = True
-    megatron.module("tensor_parallel.random").model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+    random = megatron.module("tensor_parallel.random")
+    random.model_parallel_cuda_manual_seed(seed, force_reset_rng=True)
+    # A case that raised inside CheckpointFunction.forward left Megatron's flag set.
+    random._unset_checkpointing()
 
 
 def _config(megatron: LoadedMegatron, dtype: torch.dtype, recompute: str, **overrides: Any) -> Any:
