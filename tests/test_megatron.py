@@ -25,6 +25,8 @@ from tests.conftest import repro
 REPORT = Path(__file__).resolve().parent / "fixtures" / "issue-22-traceback.txt"
 SCENARIOS = [("megatron_block", "full_block"), ("megatron_block", "full_uniform"), ("megatron_block", "none"),
              ("megatron_norm", "megatron_checkpoint"), ("megatron_norm", "none")]
+TE_FUSED_NORM = ["transformer_engine.pytorch.ops.basic.make_extra_output.MakeExtraOutput",
+                 "transformer_engine.pytorch.ops.basic.rmsnorm.RMSNorm"]
 AFFECTED = {"megatron_block full_block", "megatron_block full_uniform", "megatron_norm megatron_checkpoint"}
 
 
@@ -67,6 +69,8 @@ def check_completes_and_matches(report: dict) -> None:
         assert result["completed"], (key, result.get("error"))
         assert result["matched"], (key, result["failures"])
         assert result["compared"]["parameter_grads"] >= 1
+        # The structure meant to run is the one that ran: TE's own ops in Megatron's fused norm.
+        assert result["structure"] and all(ops == TE_FUSED_NORM for ops in result["structure"]), result["structure"]
 
 
 def test_unpatched_release_crashes_only_under_recompute(run_target) -> None:

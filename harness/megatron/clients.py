@@ -171,6 +171,17 @@ def _block(megatron: LoadedMegatron, dtype: torch.dtype, device: str, recompute:
     )
 
 
+def fused_norm_structure(parts: ClientParts) -> list[list[str]]:
+    """For each TEFusedResidualRMSNorm that has run, the classes of its fused pipeline's ops
+    (module.qualname), so a record can show that TE's own MakeExtraOutput and RMSNorm ran."""
+    found = []
+    for root in parts.modules.values():
+        for module in root.modules():
+            if type(module).__name__ == "TEFusedResidualRMSNorm" and getattr(module, "_fused_impl", None):
+                found.append([f"{type(op).__module__}.{type(op).__qualname__}" for op in module._fused_impl[0].children()])
+    return found
+
+
 def build_client(name: str, target: LoadedTarget, megatron: LoadedMegatron, *, recompute: str = "none",
                  dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0) -> ClientParts:
     """Build one client case's test and reference sides on a loaded target and Megatron.

@@ -20,7 +20,7 @@ from harness.engine.checks import TOLERANCES
 from harness.engine.frames import error_record
 from harness.errors import UsageError
 from harness.megatron import frames
-from harness.megatron.clients import BLOCK_RECOMPUTES, ClientParts, build_client
+from harness.megatron.clients import BLOCK_RECOMPUTES, ClientParts, build_client, fused_norm_structure
 from harness.megatron.loader import LoadedMegatron
 from harness.targets.loader import LoadedTarget
 
@@ -96,6 +96,7 @@ def run_client_minimal(target: LoadedTarget, megatron: LoadedMegatron, client: s
                          {"grad of input": ref_leaf.grad,
                           **{f"grad of {n}": p.grad for n, p in parts.reference_params.items()}})
     result.update(completed=True, error=None, matched=not failures, failures=failures,
+                  structure=fused_norm_structure(parts),
                   compared={"outputs": len(outputs), "parameter_grads": len(parts.test_params)},
                   run_s=round(time.perf_counter() - built, 4))
     return result

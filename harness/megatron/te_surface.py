@@ -77,6 +77,7 @@ class _ProbedShell(types.ModuleType):
     `_AbsentModules` then decides whether they may load."""
 
     _probe_log: ProbeLog
+    _probe_target: str
 
     def __getattr__(self, symbol: str) -> Any:
         if symbol.startswith("__") and symbol.endswith("__"):
@@ -85,7 +86,7 @@ class _ProbedShell(types.ModuleType):
         if path.with_suffix(".py").is_file() or (path / "__init__.py").is_file():
             raise AttributeError(symbol)
         self._probe_log.record(f"{self.__name__}.{symbol}")
-        raise MissingName("?", self.__name__, symbol)
+        raise MissingName(self._probe_target, self.__name__, symbol)
 
 
 class _AbsentModules(importlib.abc.MetaPathFinder):
@@ -192,7 +193,7 @@ def install(target: LoadedTarget, megatron_root: Path) -> Surface:
     for name, module in list(sys.modules.items()):
         if (name == "transformer_engine" or name.startswith("transformer_engine.")) and type(module) is types.ModuleType:
             module.__class__ = _ProbedShell
-            module._probe_log = log
+            module._probe_log, module._probe_target = log, target.prepared.spec
     StrictModule.probe_hook = lambda target_spec, module, symbol: _missing(log, target_spec, module, symbol)
     finder = _AbsentModules(log)
     sys.meta_path.insert(0, finder)
