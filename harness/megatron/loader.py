@@ -120,7 +120,7 @@ def load_megatron(prepared: PreparedMegatron, target: LoadedTarget, device: str 
     sys.dont_write_bytecode = True  # never write into the source under test
     started = time.perf_counter()
     root = Path(prepared.root)
-    probes = te_surface.install(target, root).log if target.prepared.backend == "cpu" else None
+    surface = te_surface.install(target, root) if target.prepared.backend == "cpu" else None
     # Only this source's megatron/, never an installed megatron-core's.
     _install("megatron", _shell("megatron", root / "megatron"))
     stood_in = []
@@ -139,7 +139,8 @@ def load_megatron(prepared: PreparedMegatron, target: LoadedTarget, device: str 
                                       f"{type(exc).__name__}: {exc}") from None
     redirects = cpu_redirects.apply(device)
     _LOADED = LoadedMegatron(prepared, target.prepared.spec, modules, round(time.perf_counter() - started, 3),
-                             redirects, stood_in, probes)
+                             redirects, stood_in, surface.log if surface else None,
+                             [f"TE names stood in for Megatron: {', '.join(surface.provided)}"] if surface else [])
     return _LOADED
 
 

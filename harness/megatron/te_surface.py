@@ -35,7 +35,7 @@ from packaging.version import InvalidVersion, Version
 
 from harness.errors import FidelityError, TargetLoadError
 from harness.targets.cpu_backend.standins import StrictModule
-from harness.targets.loader import LoadedTarget
+from harness.targets.loader import PACKAGE_SHELLS, LoadedTarget
 
 # Imported by megatron.core at module level; absent here, as on a machine without it.
 ABSENT_PACKAGES = ("triton",)
@@ -190,8 +190,9 @@ def install(target: LoadedTarget, megatron_root: Path) -> Surface:
             if symbol not in module.__dict__:
                 module.__dict__[symbol] = value
                 provided.append(f"{name}.{symbol}")
-    for name, module in list(sys.modules.items()):
-        if (name == "transformer_engine" or name.startswith("transformer_engine.")) and type(module) is types.ModuleType:
+    for name in PACKAGE_SHELLS:
+        module = sys.modules.get(name)
+        if module is not None and type(module) is types.ModuleType:
             module.__class__ = _ProbedShell
             module._probe_log, module._probe_target = log, target.prepared.spec
     StrictModule.probe_hook = lambda target_spec, module, symbol: _missing(log, target_spec, module, symbol)
