@@ -21,7 +21,6 @@ from markupsafe import Markup
 
 from cases.axes import AXES
 from harness.engine import script
-from harness.errors import UsageError
 from repro import reports
 from repro.summary import BAD_VERDICTS, VERDICTS, headline
 
@@ -58,7 +57,7 @@ def grid_data(run: dict[str, Any]) -> dict[str, Any]:
     specs = reports.target_specs(run)
     values = reports.present_values(run)
     for missing in run.get("missing_results") or []:  # cases no target reported yet
-        for axis, value in zip(AXES, missing["case_id"].split("-")):
+        for axis, value in zip(AXES, missing["case_id"].split(":", 1)[-1].split("-")):
             if value not in values[axis]:
                 values[axis].append(value)
     value_index = {axis: {v: i for i, v in enumerate(vals)} for axis, vals in values.items()}
@@ -68,10 +67,11 @@ def grid_data(run: dict[str, Any]) -> dict[str, Any]:
 
     def entry(case_id: str, first: dict[str, Any] | None) -> list[Any]:
         if case_id not in cases:
-            parts = case_id.split("-")
+            parts = case_id.split(":", 1)[-1].split("-")
             axes = [value_index[a][first[a] if first else parts[n]] for n, a in enumerate(AXES)]
-            expected, effect = (first["expected"], first["predicted_effect"]) if first else ("?", None)
-            cases[case_id] = [case_id, axes, expected, effect, "", [None] * len(specs)]
+            expected, effect = (first["expected"], first.get("predicted")) if first else ("?", None)
+            reason = (first.get("rule") or "") if first else ""
+            cases[case_id] = [case_id, axes, expected, effect, reason, [None] * len(specs)]
         return cases[case_id]
 
     for record in run["results"]:
@@ -82,23 +82,11 @@ def grid_data(run: dict[str, Any]) -> dict[str, Any]:
             record.get("duration_s") or 0]
     for missing in run.get("missing_results") or []:
         entry(missing["case_id"], None)
-    _add_reasons(cases)
     return {"targets": specs, "axes": list(AXES), "values": values, "outcomes": list(reports.SEVERITY[::-1]),
             "verdicts": list(VERDICTS), "bad_verdicts": list(BAD_VERDICTS), "pool": pool.values,
             "cases": list(cases.values()),
             "script": {"template": script.TEMPLATE, "case_token": script.CASE_TOKEN,
                        "target_token": script.TARGET_TOKEN}}
-
-
-def _add_reasons(cases: dict[str, list[Any]]) -> None:
-    """The oracle's reason per case, from the case itself (records keep only the verdict)."""
-    from cases import issue22
-
-    for case_id, item in cases.items():
-        try:
-            item[4] = issue22.predict(script.parse_case_id(case_id)).reason
-        except (UsageError, KeyError):  # a case id from another version of the matrix: no reason to give
-            item[4] = ""
 
 
 def _csp_hash(text: str) -> str:
@@ -134,7 +122,7 @@ def render_html(run: dict[str, Any]) -> str:
     o_headers, o_rows, disagreements = reports.oracle_rows(run)
     environment = {"torch": "?", "python": "?", "platform": "?", "machine": "?", **run["environment"]}
     return env.get_template("report.html.j2").render(
-        title=f"Issue 22: {run.get('matrix', '?')} matrix", incomplete=reports.incomplete_note(run),
+        title=f"te-fuser-repro: {run.get('matrix', '?')} matrix", incomplete=reports.incomplete_note(run),
         headline=headline(run), env=environment, targets=reports.target_specs(run),
         totals=reports.totals_rows(run, with_time=True), legend=[*reports.SEVERITY, "missing"], groups=groups,
         oracle=(o_headers, o_rows), effects=reports.effect_rows(run), disagreements=disagreements,

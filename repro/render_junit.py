@@ -51,7 +51,7 @@ def _testcase(suite: ET.Element, record: dict[str, Any]) -> None:
     if verdict == "reproduced":
         message = f"expected failure: issue 22 reproduced ({_summary(record)})"
         ET.SubElement(case, "skipped", message=_text(message[:MESSAGE_CHARS])).text = _text(_body(record))
-    elif verdict == "skipped":
+    elif verdict == "not_applicable":
         ET.SubElement(case, "skipped", message=_text(record.get("note") or "skipped"))
     elif verdict in BAD_VERDICTS:
         message = f"{verdict}: {_summary(record)}"

@@ -13,16 +13,19 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from cases.axes import AXES
 from harness.errors import UsageError
+from harness.model import Run
 from harness.runner import records
 from repro.summary import BAD_VERDICTS, OUTCOMES, VERDICTS
 
 FORMATS = ("md", "verdict-md", "html", "junit", "json")
 # Worst first: the outcome a grid cell shows for a target when it holds several cases.
-SEVERITY = ("harness_error", "crash", "wrong_output", "wrong_grad", "side_effect", "pass", "skipped")
+SEVERITY = ("harness_error", "crash", "wrong_output", "wrong_grad", "side_effect", "pass", "not_applicable")
 SYMBOLS = {"pass": "✓", "crash": "C", "wrong_output": "O", "wrong_grad": "G", "side_effect": "S",
-           "harness_error": "H", "skipped": "·", "missing": "?"}
+           "harness_error": "H", "not_applicable": "·", "missing": "?"}
 FAILING = ("crash", "wrong_output", "wrong_grad", "side_effect", "harness_error")
 
 
@@ -45,8 +48,17 @@ def _read_json(path: Path) -> dict[str, Any]:
         run = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
+    if isinstance(run, dict) and run.get("schema") == "repro.run/1":
+        raise UsageError(f"{path} is a repro.run/1 run, written before regressions were declared units; "
+                         f"run it again with this version (repro run --matrix {run.get('matrix', 'issue22')})")
     if not isinstance(run, dict) or run.get("schema") != records.SCHEMA:
         raise UsageError(f"{path} is not a {records.SCHEMA} run")
+    try:
+        run = Run.model_validate(run).model_dump(mode="json", by_alias=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UsageError(f"{path} is not a valid {records.SCHEMA} run: {where}: {first['msg']}") from None
     return run
 
 
@@ -68,6 +80,7 @@ def _run_from_jsonl(run_dir: Path) -> dict[str, Any]:
         "environment": {"torch": "?", "python": "?", "platform": "?", "machine": "?",
                         "targets": [_bare_target(spec, run_dir) for spec in specs]},
         "complete": False, "missing": missing, "problems": problems,
+        "regressions": [], "excluded": {}, "headlines": {},
         "results": list(by_key.values()),
         "report_source": "results.jsonl", "found_results": len(by_key),
         "missing_results": [{"target": t, "case_id": c} for t, c in missing_keys],
@@ -83,16 +96,11 @@ def _read_meta(run_dir: Path) -> dict[str, Any]:
 
 
 def _expected_keys(meta: dict[str, Any], specs: list[str]) -> list[tuple[str, str]] | None:
-    """Every (target, case id) the run was asked for, when the matrix still generates."""
-    if "matrix" not in meta or not specs:
+    """Every (target, case id) the run was asked for, as run-meta.json recorded them."""
+    keys = meta.get("expected_keys")
+    if not isinstance(keys, list):
         return None
-    from cases.matrix import generate
-
-    try:
-        cases = generate(meta["matrix"], meta.get("only") or None, max_cases=10**9)
-    except UsageError:  # the preset changed since the run; fall back to the count
-        return None
-    return [(spec, case.case_id) for spec in specs for case in cases]
+    return [(str(k[0]), str(k[1])) for k in keys if isinstance(k, list) and len(k) == 2]
 
 
 def _bare_target(spec: str, run_dir: Path) -> dict[str, Any]:
@@ -234,7 +242,7 @@ def oracle_rows(run: dict[str, Any]) -> tuple[list[str], list[list[Any]], list[d
                "affected, passing", "unaffected, failing"]
     rows, disagreements = [], []
     for spec in target_specs(run):
-        ran = [r for r in run["results"] if r["target"] == spec and r["outcome"] not in ("skipped", "harness_error")]
+        ran = [r for r in run["results"] if r["target"] == spec and r["outcome"] not in ("not_applicable", "harness_error")]
         affected = [r for r in ran if r["expected"] == "affected"]
         failing = [r for r in ran if r["outcome"] != "pass"]
         fix = target_has_fix(run, spec)
@@ -247,7 +255,7 @@ def oracle_rows(run: dict[str, Any]) -> tuple[list[str], list[list[Any]], list[d
 
 def effect_rows(run: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
     """Predicted effect against observed outcome, for the affected cases that failed."""
-    table = Counter((r["target"], r["predicted_effect"], r["outcome"]) for r in run["results"]
+    table = Counter((r["target"], r["predicted"], r["outcome"]) for r in run["results"]
                     if r["expected"] == "affected" and r["outcome"] in FAILING)
     order = {spec: i for i, spec in enumerate(target_specs(run))}
     rows = [[t, e, o, n] for (t, e, o), n in sorted(table.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0]))]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.machinery
+import inspect
 import sys
 import types
 from dataclasses import dataclass, field
@@ -63,6 +64,7 @@ class LoadedTarget:
     backend_ops: list[str]
     missing_ops: dict[str, str] = field(default_factory=dict)  # op name -> why it is absent
     te_dir: Path | None = None
+    features: frozenset[str] = frozenset()  # op features of this release (see `op_features`)
     te_modules: dict[str, Any] = field(default_factory=dict)  # te.pytorch module classes (RMSNorm, LayerNorm)
     kernel_standins: list[str] = field(default_factory=list)  # extension functions the CPU backend replaces
     own_op_fallbacks: dict[str, str] = field(default_factory=dict)  # op name -> why TE's own op could not run
@@ -111,6 +113,22 @@ def _import(target: str, name: str) -> types.ModuleType:
         raise TargetLoadError(f"target {target}: importing {name} failed: {exc}") from None
 
 
+def op_features(ops: dict[str, Any]) -> frozenset[str]:
+    """What the release's own classes can do, read off them (not off a version number,
+    so a fork that backports a feature has it):
+    - in_place_kwarg: the extra-tensor ops take `in_place` (2.7 on; before, AddInPlace was
+      in place by design and MakeExtraOutput accumulated in place);
+    - extra_tensors_across_groups: Sequential passes extra inputs and outputs between
+      fuser groups (2.7 on)."""
+    found = set()
+    make_extra_output = ops.get("MakeExtraOutput")
+    if make_extra_output is not None and "in_place" in inspect.signature(make_extra_output.__init__).parameters:
+        found.add("in_place_kwarg")
+    if "num_extra_inputs" in inspect.getsource(ops["Sequential"].forward):
+        found.add("extra_tensors_across_groups")
+    return frozenset(found)
+
+
 def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     if any(name == "transformer_engine" or name.startswith("transformer_engine.") for name in sys.modules):
         raise TargetLoadError("a transformer_engine is already imported in this process; load one target per process")
@@ -148,7 +166,7 @@ def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     stood_in = [f"transformer_engine_torch.{k}" for name in own for k in TE_NORM_OPS[name][2]]
     assert all(k.rpartition(".")[2] in kernels.KERNELS for k in stood_in)
     return LoadedTarget(prepared, ops, te_ops, [n for n in backend if n not in own], missing, te_dir,
-                        te_modules=modules, kernel_standins=stood_in, own_op_fallbacks=fallbacks)
+                        op_features(ops), te_modules=modules, kernel_standins=stood_in, own_op_fallbacks=fallbacks)
 
 
 def _load_te_norm_ops(spec: str, te_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
@@ -204,7 +222,7 @@ def load_native(prepared: PreparedTarget) -> LoadedTarget:
         else:
             missing[name] = f"te.ops has no {name}"
     te_dir = Path(te.__file__ or "").resolve().parent.parent
-    return LoadedTarget(prepared, ops, [n for n in names if n in ops], [], missing, te_dir)
+    return LoadedTarget(prepared, ops, [n for n in names if n in ops], [], missing, te_dir, op_features(ops))
 
 
 _LOADED: LoadedTarget | None = None
