@@ -250,3 +250,11 @@ def test_norm_comparison_catches_a_broken_kernel(loaded_target, monkeypatch: pyt
         assert any(f.startswith("output 0") for f in result["failures"])
     if broken == "backward_dgamma":
         assert [f.split(":")[0] for f in result["failures"]] == ["grad of weight"]
+
+
+def test_release_whose_rmsnorm_module_cannot_run_says_why() -> None:
+    """Before 2.13 TE's own te.pytorch.RMSNorm does not load on the CPU backend: Megatron still
+    imports (for the `megatron` wrapper), and the clients refuse with the loader's reason."""
+    result = repro("minimal", "--target", "te-2.5.0", "--client", "megatron_norm", check_rc=1)
+    assert "TE's own te.pytorch.RMSNorm does not run on the CPU backend (module " in result.stdout
+    assert "Traceback" not in result.stdout + result.stderr

@@ -142,6 +142,11 @@ ROUTER_FUNCTIONS = ("fused_compute_score_for_moe_aux_loss", "fused_moe_aux_loss"
 def _standins(target: LoadedTarget) -> dict[str, dict[str, Any]]:
     """TE module -> the names it provides to Megatron (beyond what the target loaded)."""
     pytorch = {name: _unbuildable(f"transformer_engine.pytorch.{name}") for name in MODULE_CLASSES}
+    # Megatron subclasses te.pytorch.RMSNorm at import; where TE's own does not load on the CPU
+    # backend (before 2.13), a class that refuses to build keeps the `megatron` wrapper usable.
+    for name in ("RMSNorm", "LayerNorm"):
+        if name not in target.te_modules:
+            pytorch[name] = _unbuildable(f"transformer_engine.pytorch.{name}")
     distributed: dict[str, Any] = {name: _unbuildable(f"transformer_engine.pytorch.distributed.{name}", object)
                                    for name in DISTRIBUTED}
     distributed.update({name: _refuse(f"transformer_engine.pytorch.distributed.{name}")

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Any
 
-from harness.errors import TargetLoadError
+from harness.errors import TargetLoadError, UsageError
 from harness.megatron.source import PreparedMegatron
 from harness.targets import PreparedTarget
 
@@ -38,7 +38,7 @@ def main() -> None:
 
         report["results"] = [run_client_minimal(target, megatron, client or "", recompute)
                              for client, recompute in scenarios]
-    except TargetLoadError as exc:
+    except (TargetLoadError, UsageError) as exc:  # UsageError: a client this target cannot build
         report["load_error"] = str(exc)
     print(json.dumps(report))
 
