@@ -41,11 +41,21 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 
 def cmd_minimal(args: argparse.Namespace) -> int:
+    if args.client is None and (args.megatron or args.recompute):
+        raise UsageError("--megatron and --recompute go with --client (megatron_norm or megatron_block)")
+    if args.client is not None:
+        from repro.megatron_commands import check_client_args
+
+        check_client_args(args)
     cache = sources.cache_dir(args.cache_dir)
     prepared = targets.prepare(args.target, cache, args.offline)
     if prepared.patch_status == "conflict":
         print(f"{prepared.spec}: patch {prepared.patch} conflicts:\n{prepared.patch_detail}")
         return 1
+    if args.client is not None:
+        from repro.megatron_commands import minimal_client
+
+        return minimal_client(args, prepared, cache)
     report = probe(prepared, minimal=True)
     if report["load_error"]:
         print(f"{prepared.spec}: could not load: {report['load_error']}")
@@ -74,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("minimal", parents=[common], help="run the bug report's minimal scenario on one target")
     p.add_argument("--target", required=True)
+    p.add_argument("--client", help="run it through Megatron's own code: megatron_norm or megatron_block")
+    p.add_argument("--megatron", help="with --client: a megatron-core version (default 0.19.0) or path:<dir>")
+    p.add_argument("--recompute", help="with --client: megatron_block: full_block (default), full_uniform, none; "
+                   "megatron_norm: megatron_checkpoint (default), none")
     p.set_defaults(func=cmd_minimal)
 
     from repro import bench_commands, report_commands, run_commands

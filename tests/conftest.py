@@ -26,8 +26,9 @@ def loaded_target(cache: Path):
     from harness.engine.execute import import_megatron
     from harness.targets.loader import load
 
-    import_megatron("cpu")  # before the target: megatron probes `import transformer_engine`
-    return load(targets.prepare("te-2.20.2", cache))
+    target = load(targets.prepare("te-2.20.2", cache))
+    import_megatron("cpu")  # after the target: megatron probes `import transformer_engine`
+    return target
 
 
 def repro(*args: str, check_rc: int | None = None) -> subprocess.CompletedProcess[str]:

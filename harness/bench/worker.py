@@ -142,12 +142,6 @@ def main() -> None:
     ready: dict[str, Any] = {"ready": True, "spec": prepared.spec, "load_error": None, "megatron_error": None,
                              "test_slowdown_s": slow_s or None}
     megatron_error = None
-    if megatron_device:
-        try:  # before the target: importing megatron probes `import transformer_engine`
-            import_megatron(megatron_device)
-        except Exception as exc:  # noqa: BLE001 — megatron modes are then excluded with this reason
-            megatron_error = f"megatron-core CheckpointFunction unavailable: {exc}"
-    ready["megatron_error"] = megatron_error
     from harness.errors import TargetLoadError
     from harness.targets.loader import load
 
@@ -157,6 +151,12 @@ def main() -> None:
         ready["description"] = target.description
     except TargetLoadError as exc:
         ready["load_error"] = str(exc)
+    if megatron_device and target is not None:
+        try:  # after the target: importing megatron probes `import transformer_engine`
+            import_megatron(megatron_device)
+        except Exception as exc:  # noqa: BLE001 — megatron modes are then excluded with this reason
+            megatron_error = f"megatron-core CheckpointFunction unavailable: {exc}"
+    ready["megatron_error"] = megatron_error
     ready["startup_s"] = round(time.perf_counter() - STARTED, 3)
     replies.write(json.dumps(ready) + "\n")
     for line in sys.stdin:

@@ -30,24 +30,21 @@ OUTCOME_OF_CHECK = {
     "completion": Outcome.CRASH, "outputs": Outcome.WRONG_OUTPUT, "output_requires_grad": Outcome.WRONG_OUTPUT,
     "gradients": Outcome.WRONG_GRAD, "caller_tensors": Outcome.SIDE_EFFECT,
 }
-_megatron_random: Any = None
 
 
 def import_megatron(device: str) -> Any:
-    """Megatron's own tensor_parallel.random, imported before any target: importing it
-    probes `import transformer_engine`, which must not find a loaded target."""
-    global _megatron_random
-    if _megatron_random is None:
-        import warnings
+    """Megatron's own tensor_parallel.random, from the Megatron source under test
+    (harness.megatron), imported after this process's TE target: Megatron probes TE at import."""
+    from harness.megatron.loader import load_megatron, loaded, prepared_for_process
+    from harness.targets.loader import loaded as loaded_target
 
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            from megatron.core.tensor_parallel import random as megatron_random
-        from harness.targets.devices import point_megatron_rng_at
-
-        point_megatron_rng_at(device, megatron_random)
-        _megatron_random = megatron_random
-    return _megatron_random
+    megatron = loaded()
+    if megatron is None:
+        target = loaded_target()
+        if target is None:
+            raise RuntimeError("load the TE target before Megatron: Megatron probes TE at import")
+        megatron = load_megatron(prepared_for_process(), target, device)
+    return megatron.module("tensor_parallel.random")
 
 
 @contextlib.contextmanager

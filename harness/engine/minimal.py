@@ -14,7 +14,7 @@ from harness.targets.loader import LoadedTarget
 def run_minimal(target: LoadedTarget, hidden: int = 16) -> dict[str, Any]:
     torch.manual_seed(0)
     ops = target.ops
-    module = ops["Sequential"](ops["MakeExtraOutput"](), ops["RMSNorm"](hidden))
+    module = ops["Sequential"](ops["MakeExtraOutput"](), ops["RMSNorm"](hidden, device="cpu"))  # TE defaults to CUDA
     leaf = torch.randn(4, hidden, requires_grad=True)
     non_leaf = leaf * 2
     try:

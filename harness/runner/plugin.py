@@ -55,13 +55,6 @@ def _target(config: pytest.Config, needs_megatron: bool) -> Any:
 
     if "target" not in _state:
         prepared = PreparedTarget.from_json(config.getoption("--repro-target"))
-        if needs_megatron:
-            from harness.engine.execute import import_megatron
-
-            try:
-                import_megatron("cpu")
-            except Exception as exc:  # noqa: BLE001 — recorded per case as a skip with this reason
-                _state["megatron_error"] = f"megatron-core CheckpointFunction unavailable: {exc}"
         from harness.targets.loader import load
 
         try:
@@ -69,6 +62,13 @@ def _target(config: pytest.Config, needs_megatron: bool) -> Any:
             description = _state["target"].description
         except TargetLoadError as exc:
             _state["target"], description = exc, f"load error: {exc}"
+        if needs_megatron and not isinstance(_state["target"], TargetLoadError):
+            from harness.engine.execute import import_megatron
+
+            try:  # after the target: Megatron probes TE at import
+                import_megatron("cpu")
+            except Exception as exc:  # noqa: BLE001 — recorded per case as a skip with this reason
+                _state["megatron_error"] = f"megatron-core CheckpointFunction unavailable: {exc}"
         # The runner reads which ops were TE's own and which the backend's from here.
         if config.getoption("--repro-description"):
             Path(config.getoption("--repro-description")).write_text(description)

@@ -1,5 +1,5 @@
-"""The small device interface: availability, synchronisation, memory, and the RNG hooks
-that Megatron's CheckpointFunction needs.
+"""The small device interface: availability, synchronisation, memory. (Megatron's CUDA
+calls are pointed at the CPU in harness/megatron/cpu_redirects.py.)
 
 Availability is probed in a subprocess with TORCH_DEVICE_BACKEND_AUTOLOAD=0, since a
 torch_npu without CANN makes `import torch` itself fail (DESIGN.md).
@@ -12,7 +12,6 @@ import os
 import subprocess
 import sys
 from functools import cache
-from typing import Any
 
 import torch
 
@@ -52,11 +51,3 @@ def synchronize(device: str) -> None:
     elif device == "npu":
         torch.npu.synchronize()  # type: ignore[attr-defined]
 
-
-def point_megatron_rng_at(device: str, random_module: Any) -> None:
-    """Megatron saves and restores the CUDA RNG around a recompute. Without CUDA, the
-    CPU generator plays that part, so the real CheckpointFunction runs unchanged."""
-    if device == "cuda":
-        return
-    random_module._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
-    random_module._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)

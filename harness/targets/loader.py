@@ -11,6 +11,7 @@ One process holds one target: two TE versions cannot share an interpreter.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import inspect
@@ -20,10 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
+from harness.targets.cpu_backend import kernels
 from harness.targets.cpu_backend.ops import make_cpu_ops
-from harness.targets.cpu_backend.standins import standin_modules
+from harness.targets.cpu_backend.standins import decode_cudnn_version, standin_modules
 
 PACKAGE_SHELLS = (
     "transformer_engine",
@@ -31,6 +35,9 @@ PACKAGE_SHELLS = (
     "transformer_engine.pytorch",
     "transformer_engine.pytorch.ops",
     "transformer_engine.pytorch.ops.basic",
+    "transformer_engine.pytorch.module",
+    "transformer_engine.debug",
+    "transformer_engine.debug.pytorch",
 )
 # TE's own pass-through ops, by class name and the module that holds each, newest name first.
 TE_OPS = {
@@ -41,6 +48,12 @@ TE_OPS = {
     "ConstantScale": ("constant_scale",),
 }
 OLD_NAMES = {"AddExtraInput": "AddInPlace"}
+# TE's own norm ops, which run as shipped on the kernel stand-ins (cpu_backend/kernels.py):
+# op name -> (ops/basic module, module/ file holding the te.pytorch module of that name, kernels it calls).
+TE_NORM_OPS = {
+    "RMSNorm": ("rmsnorm", "rmsnorm", ("rmsnorm_fwd", "rmsnorm_bwd")),
+    "LayerNorm": ("layer_norm", "layernorm", ("layernorm_fwd", "layernorm_bwd")),
+}
 
 
 @dataclass
@@ -52,13 +65,23 @@ class LoadedTarget:
     missing_ops: dict[str, str] = field(default_factory=dict)  # op name -> why it is absent
     te_dir: Path | None = None
     features: frozenset[str] = frozenset()  # op features of this release (see `op_features`)
+    te_modules: dict[str, Any] = field(default_factory=dict)  # te.pytorch module classes (RMSNorm, LayerNorm)
+    kernel_standins: list[str] = field(default_factory=list)  # extension functions the CPU backend replaces
+    own_op_fallbacks: dict[str, str] = field(default_factory=dict)  # op name -> why TE's own op could not run
 
     @property
     def description(self) -> str:
         te = ", ".join(self.te_ops)
         if self.prepared.backend == "native":
             return f"native TE: every op is TE's own ({te})"
-        return f"TE's own: {te}; CPU backend: {', '.join(self.backend_ops)}"
+        text = f"TE's own: {te}; CPU backend: {', '.join(self.backend_ops)}"
+        if self.te_modules:
+            text += f"; te.pytorch modules: {', '.join(self.te_modules)}"
+        if self.kernel_standins:
+            text += f"; kernels stood in: {', '.join(self.kernel_standins)} (and utils._empty_tensor on the CPU)"
+        for name, why in self.own_op_fallbacks.items():
+            text += f"; {name} is the CPU backend's ({why})"
+        return text
 
 
 def _shell(name: str, directory: Path) -> types.ModuleType:
@@ -131,8 +154,55 @@ def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
         else:
             missing[op_name] = f"{prepared.spec} has no ops/basic/{module_names[0]}.py"
     backend = make_cpu_ops(op_module.BasicOperation)
-    ops.update(backend)
-    return LoadedTarget(prepared, ops, te_ops, list(backend), missing, te_dir, op_features(ops))
+    own, modules, fallbacks = _load_te_norm_ops(prepared.spec, te_dir)
+    ops.update({**backend, **own})
+    te_ops += list(own)
+    # What ops/__init__.py would export: TE's own classes only, never the backend's,
+    # so that `te.pytorch.ops.X` (module/rmsnorm.py, Megatron) finds what TE itself provides.
+    for name in ("Sequential", "BasicOperation", *[n for n in TE_OPS if n in ops], *own):
+        setattr(sys.modules["transformer_engine.pytorch.ops"], name, ops[name])
+    for name, cls in modules.items():
+        setattr(sys.modules["transformer_engine.pytorch"], name, cls)
+    stood_in = [f"transformer_engine_torch.{k}" for name in own for k in TE_NORM_OPS[name][2]]
+    assert all(k.rpartition(".")[2] in kernels.KERNELS for k in stood_in)
+    return LoadedTarget(prepared, ops, te_ops, [n for n in backend if n not in own], missing, te_dir,
+                        op_features(ops), te_modules=modules, kernel_standins=stood_in, own_op_fallbacks=fallbacks)
+
+
+def _load_te_norm_ops(spec: str, te_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
+    """TE's own RMSNorm/LayerNorm ops and te.pytorch modules, on the kernel stand-ins.
+
+    A release whose norm op needs more than the CPU backend provides keeps the backend's
+    op for that name; the reason is returned so the target description can say it.
+    """
+    # 2.20's utils.py imports this from the package root, whose real __init__ loads the library.
+    sys.modules["transformer_engine.common"].decode_cudnn_version = decode_cudnn_version
+    own: dict[str, Any] = {}
+    modules: dict[str, Any] = {}
+    fallbacks: dict[str, str] = {}
+    for name, (op_file, module_file, _kernels) in TE_NORM_OPS.items():
+        try:
+            own[name] = getattr(_import(spec, f"transformer_engine.pytorch.ops.basic.{op_file}"), name)
+        except TargetLoadError as exc:
+            fallbacks[name] = str(exc).removeprefix(f"target {spec}: ")
+            continue
+        setattr(sys.modules["transformer_engine.pytorch.ops"], name, own[name])
+        if (te_dir / "pytorch/module" / f"{module_file}.py").is_file():
+            try:
+                modules[name] = getattr(_import(spec, f"transformer_engine.pytorch.module.{module_file}"), name)
+            except TargetLoadError as exc:
+                fallbacks[f"te.pytorch.{name}"] = str(exc).removeprefix(f"target {spec}: ")
+    utils = sys.modules.get("transformer_engine.pytorch.utils")
+    if own and utils is not None and hasattr(utils, "_empty_tensor"):
+        # clear_tensor_data (the ops' backward) frees saved tensors by pointing them at an
+        # empty tensor that utils allocates with `.cuda()`; on the CPU backend it is a CPU one.
+        utils._empty_tensor = _empty_cpu_tensor
+    return own, modules, fallbacks
+
+
+@functools.cache
+def _empty_cpu_tensor() -> torch.Tensor:
+    return torch.Tensor()
 
 
 def load_native(prepared: PreparedTarget) -> LoadedTarget:
@@ -155,7 +225,17 @@ def load_native(prepared: PreparedTarget) -> LoadedTarget:
     return LoadedTarget(prepared, ops, [n for n in names if n in ops], [], missing, te_dir, op_features(ops))
 
 
+_LOADED: LoadedTarget | None = None
+
+
+def loaded() -> LoadedTarget | None:
+    """The target this process loaded (Megatron is imported on top of it)."""
+    return _LOADED
+
+
 def load(prepared: PreparedTarget) -> LoadedTarget:
+    global _LOADED
     if prepared.patch_status == "conflict":
         raise TargetLoadError(f"target {prepared.spec}: patch {prepared.patch} does not apply (conflict)")
-    return load_native(prepared) if prepared.backend == "native" else load_cpu(prepared)
+    _LOADED = load_native(prepared) if prepared.backend == "native" else load_cpu(prepared)
+    return _LOADED

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from harness.errors import FidelityError
+from harness.targets.cpu_backend import kernels
 
 
 class StrictModule(types.ModuleType):
@@ -33,12 +34,18 @@ class StrictModule(types.ModuleType):
         self.__dict__["_standin_target"] = target
         self.__dict__["_standin_prefixes"] = prefixes
 
+    # Set while a client that probes optional names (Megatron) is imported: it gets the
+    # error to raise instead, one that also reads as "absent" to hasattr and try/except ImportError.
+    probe_hook: Callable[[str, str, str], Exception] | None = None
+
     def __getattr__(self, symbol: str) -> Any:
         if symbol.startswith("__") and symbol.endswith("__"):
             raise AttributeError(symbol)
         for prefix, factory in self._standin_prefixes.items():
             if symbol.startswith(prefix):
                 return factory(symbol)
+        if StrictModule.probe_hook is not None:
+            raise StrictModule.probe_hook(self._standin_target, self.__name__, symbol)
         raise FidelityError(self._standin_target, self.__name__, symbol)
 
 
@@ -149,6 +156,47 @@ def is_graph_capturing() -> bool:
     return False
 
 
+def is_cpu_offload_enabled() -> bool:
+    """Activation offload to host memory is off: the activations already live there."""
+    return False
+
+
+def mark_activation_offload(*_tensors: Any) -> None:
+    raise NotImplementedError("CPU activation offload is not available on the CPU backend")
+
+
+def decode_cudnn_version(_encoded_version: int) -> tuple[int, int, int]:
+    """2.20's utils.py imports this from the package root; only cuDNN queries call it."""
+    raise NotImplementedError("cuDNN is not available on the CPU backend")
+
+
+def _no_onnx(name: str) -> Callable[..., Any]:
+    """export.py imports ONNX translations (which need onnxscript) at module level; they
+    run only inside `onnx_export(enabled=True)`, which the CPU backend never enters."""
+
+    def translation(*_args: Any, **_kwargs: Any) -> Any:
+        raise NotImplementedError(f"ONNX export ({name}) is not available on the CPU backend")
+
+    translation.__name__ = name
+    return translation
+
+
+class DebugQuantizedTensor:
+    """Type stand-in: utils.py only isinstance-checks against it; debug mode is off."""
+
+
+class Float8Tensor(QuantizedTensorStorage):
+    """Type stand-in: ops/_common.py isinstance-checks against it; FP8 is off."""
+
+
+# 2.20's ops/_common.py isinstance-checks a quantizer against these; none is ever built.
+QUANTIZER_TYPES = {
+    name: type(name, (Quantizer,), {"__doc__": "Type stand-in."})
+    for name in ("Float8Quantizer", "Float8CurrentScalingQuantizer", "Float8BlockQuantizer", "MXFP8Quantizer",
+                 "NVFP4Quantizer")
+}
+
+
 def _no_fusion(name: str) -> Callable[..., Any]:
     """Releases up to 2.12 import `fuse_*` passes from ops/fused, which imports the
     compiled extension. They only rewrite TE's kernel ops (BasicLinear, ...), which
@@ -204,11 +252,27 @@ def standin_modules(target: str, recipe_module: types.ModuleType, te_dir: Path |
         "Quantizer": Quantizer,
     }
     modules = {
-        "transformer_engine_torch": module("transformer_engine_torch", {}),
+        # The extension: only the norm kernels and the enums their callers read.
+        "transformer_engine_torch": module("transformer_engine_torch", {**kernels.KERNELS, **kernels.ENUMS}),
         "transformer_engine.pytorch.quantization": quantization("transformer_engine.pytorch.quantization"),
         "transformer_engine.pytorch.fp8": quantization("transformer_engine.pytorch.fp8"),
         "transformer_engine.pytorch.tensor": module(
-            "transformer_engine.pytorch.tensor", {"Quantizer": Quantizer, "QuantizedTensorStorage": QuantizedTensorStorage}
+            "transformer_engine.pytorch.tensor",
+            {"Quantizer": Quantizer, "QuantizedTensorStorage": QuantizedTensorStorage, **QUANTIZER_TYPES},
+        ),
+        "transformer_engine.pytorch.tensor.float8_tensor": module(
+            "transformer_engine.pytorch.tensor.float8_tensor", {"Float8Tensor": Float8Tensor}
+        ),
+        "transformer_engine.pytorch.cpu_offload": module(
+            "transformer_engine.pytorch.cpu_offload",
+            {"is_cpu_offload_enabled": is_cpu_offload_enabled, "mark_activation_offload": mark_activation_offload},
+        ),
+        "transformer_engine.pytorch.onnx_extensions": module(
+            "transformer_engine.pytorch.onnx_extensions", {"te_translation_table": {}},
+            {"onnx_": _no_onnx, "torch_onnx_": _no_onnx},
+        ),
+        "transformer_engine.debug.pytorch.debug_quantization": module(
+            "transformer_engine.debug.pytorch.debug_quantization", {"DebugQuantizedTensor": DebugQuantizedTensor}
         ),
         "transformer_engine.pytorch.quantized_tensor": module(
             "transformer_engine.pytorch.quantized_tensor", quantized_tensor_symbols
@@ -231,8 +295,9 @@ def standin_modules(target: str, recipe_module: types.ModuleType, te_dir: Path |
             if name == "transformer_engine_torch" or _present(te_dir, name)
         }
     # `from ..tensor import quantized_tensor` must find the submodule as an attribute.
-    if "transformer_engine.pytorch.tensor.quantized_tensor" in modules and "transformer_engine.pytorch.tensor" in modules:
-        modules["transformer_engine.pytorch.tensor"].__dict__["quantized_tensor"] = modules[
-            "transformer_engine.pytorch.tensor.quantized_tensor"
-        ]
+    for child in ("quantized_tensor", "float8_tensor"):
+        if f"transformer_engine.pytorch.tensor.{child}" in modules and "transformer_engine.pytorch.tensor" in modules:
+            modules["transformer_engine.pytorch.tensor"].__dict__[child] = modules[
+                f"transformer_engine.pytorch.tensor.{child}"
+            ]
     return modules
