@@ -76,9 +76,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True)
     p.set_defaults(func=cmd_minimal)
 
-    from repro import bench_commands, report_commands, run_commands
+    from repro import bench_commands, exec_command, report_commands, run_commands
 
-    for commands in (run_commands, report_commands, bench_commands):
+    for commands in (run_commands, report_commands, exec_command, bench_commands):
         commands.add_parsers(sub, common)
     return parser
 

@@ -39,12 +39,14 @@ TARGET = __TARGET__
 
 def main() -> int:
     from cases import issue22
-    from cases.matrix import Case, skip_reason
+    from cases.matrix import skip_reason
     from harness.runner import records
     from harness.targets import sources
     from harness import targets
 
-    case = Case(*CASE_ID.split("-"))
+    from harness.engine.script import parse_case_id
+
+    case = parse_case_id(CASE_ID)
     reason = skip_reason(case)
     if reason:
         print(f"case {CASE_ID} on {TARGET}: skipped ({reason})")
@@ -82,8 +84,8 @@ if __name__ == "__main__":
 
 
 def parse_case_id(case_id: str) -> Case:
-    """The Case a case id names; UsageError (one line) for anything else."""
-    parts = case_id.split("-")
+    """The Case a case id names (with or without its `regression:` prefix); UsageError (one line) otherwise."""
+    parts = case_id.partition(":")[2].split("-") if ":" in case_id else case_id.split("-")
     if len(parts) != len(AXES):
         raise UsageError(f"bad case id {case_id!r}: expected {len(AXES)} values joined by '-' "
                          f"({'-'.join(AXES)})")
