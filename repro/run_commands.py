@@ -6,7 +6,9 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tabulate import tabulate
@@ -16,8 +18,8 @@ from cases.matrix import MAX_CASES_DEFAULT, PRESETS, generate, skip_reason
 from harness import targets
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
-from repro.reports import write_all_formats
-from repro.summary import exit_status, render_terminal
+from repro.progress import Progress, print_status_line
+from repro.reports import summarize, write_all_formats
 
 
 def _progress(line: str) -> None:
@@ -28,26 +30,33 @@ def cmd_run(args: argparse.Namespace) -> int:
     specs = [s for s in (args.targets.split(",") if args.targets else targets.DEFAULT_TARGETS) if s]
     for spec in specs:
         targets.parse_spec(spec)  # fail fast on a bad spec, before any work
-    generate(args.matrix, args.only, args.max_cases)
+    cases = generate(args.matrix, args.only, args.max_cases)
     out_dir = Path(args.out or Path("runs") / args.matrix)
     cache = sources.cache_dir(args.cache_dir)
+    runnable = sum(skip_reason(c) is None for c in cases)
+    progress = Progress(dict.fromkeys(specs, runnable))
+    started = time.time()
     try:
         run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline, args.max_cases,
-                         progress=_progress, case_timeout=args.case_timeout)
+                         progress=progress, case_timeout=args.case_timeout)
     except (Interrupted, KeyboardInterrupt):
+        progress.close()
         print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}; "
               f"render them with: repro report {out_dir} --format md", file=sys.stderr)
         return 130
+    progress.close()
     if args.perf:
         from harness.bench import parse_modes, run_bench
 
         run["perf"] = run_bench(args.matrix, args.only, specs, parse_modes(None), rounds=3, min_run_time=0.05,
                                 out_dir=out_dir, cache=cache, offline=args.offline, progress=_progress)
+    run.setdefault("started_at", datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"))
+    run.setdefault("elapsed_s", round(time.time() - started, 1))
+    run["summary"] = summarize(run)
     (out_dir / "run.json").write_text(json.dumps(run, indent=1))
-    write_all_formats(run, out_dir)
-    print(render_terminal(run))
-    print(f"\nrun dir: {out_dir}")
-    return exit_status(run)
+    paths = write_all_formats(run, out_dir)
+    print_status_line(run, paths)
+    return 0 if run["summary"]["status"] == "PASS" else 1
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -54,6 +54,7 @@ class ProgressReader:
         self.path, self.offset = path, 0
         self.done: dict[str, int] = {}
         self.failing: dict[str, int] = {}
+        self.verdicts: dict[str, dict[str, int]] = {}
 
     def poll(self) -> None:
         if not self.path.is_file():
@@ -70,6 +71,9 @@ class ProgressReader:
                 self.done[spec] = self.done.get(spec, 0) + 1
                 bad = '"outcome": "pass"' not in line and '"outcome": "skipped"' not in line
                 self.failing[spec] = self.failing.get(spec, 0) + bad
+                if verdict := re.search(r'"verdict": "([^"]*)"', line):
+                    counts = self.verdicts.setdefault(spec, {})
+                    counts[verdict.group(1)] = counts.get(verdict.group(1), 0) + 1
 
 
 def session_name(spec: str) -> str:
@@ -92,14 +96,15 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir:
     (case_dir / "pytest.ini").write_text("[pytest]\naddopts =\n")
     # no:warnings: torch.utils.checkpoint warns on every no-grad-input case; capturing
     # thousands of those costs time and tells the record nothing.
+    # Plugin autoloading is off (env below): only the plugins named here load, whatever the host has installed.
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
-               "-p", "harness.runner.plugin", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
+               "-p", "xdist.plugin", "-p", "pytest_timeout", "-p", "harness.runner.plugin", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
                f"--timeout={case_timeout}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
     command += ["-n", str(max(1, workers))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                          os.environ.get("PYTHONPATH", "")])}
     with open(case_dir / f"{safe}.log", "w") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -125,6 +130,10 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case]]], out_dir
             time.sleep(0.5)
             running = [p for p in running if p.poll() is None]
             reader.poll()
+            if update := getattr(progress, "update", None):  # a live display (repro.progress.Progress)
+                for spec in totals:
+                    update(spec, reader.done.get(spec, 0) - baseline.get(spec, 0), reader.verdicts.get(spec, {}))
+                continue
             line = "  " + "; ".join(f"{spec} {reader.done.get(spec, 0) - baseline.get(spec, 0)}/{total}"
                                     f" ({reader.failing.get(spec, 0)} not passing)" for spec, total in totals.items())
             if line != last:  # report changes only: steady progress, not noise
