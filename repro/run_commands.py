@@ -16,17 +16,41 @@ from tabulate import tabulate
 from cases.axes import AXES
 from cases.matrix import MAX_CASES_DEFAULT, PRESETS, generate, skip_reason
 from harness import targets
+from harness.errors import UsageError
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
 from repro.progress import Progress, print_status_line
-from repro.reports import summarize, write_all_formats
+from repro.reports import load_run, summarize, write_all_formats
 
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
+def rerun_selection(args: argparse.Namespace) -> list | None:
+    """The results --from-run/--verdict/--last-failed/--case ask for; None when none of them is given."""
+    from repro import rerun
+
+    if (args.verdict or args.last_failed) and not args.from_run:
+        raise UsageError("--verdict and --last-failed need --from-run DIR (the run to pick results from)")
+    if args.verdict and args.last_failed:
+        raise UsageError("give --verdict or --last-failed, not both")
+    case_ids = rerun.parse_case_ids(args.case or [])
+    if args.from_run:
+        run = load_run(Path(args.from_run))
+        verdicts = rerun.parse_verdicts(args.verdict) if args.verdict else rerun.LAST_FAILED
+        return rerun.select_from_run(run, verdicts, case_ids)
+    return rerun.select_cases(case_ids) if case_ids else None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if (selection := rerun_selection(args)) is not None:
+        if not selection:
+            print("repro: nothing to re-run: no result matches", file=sys.stderr)
+            return 0
+        # The selection is computed and checked; turning it into cases is the case model's job (issue 9).
+        raise UsageError(f"{len(selection)} results selected, but re-running a selection is not wired into case"
+                         " generation yet; use --only to narrow the matrix meanwhile")
     specs = [s for s in (args.targets.split(",") if args.targets else targets.DEFAULT_TARGETS) if s]
     for spec in specs:
         targets.parse_spec(spec)  # fail fast on a bad spec, before any work
@@ -110,6 +134,12 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1), help="xdist workers per target")
     p.add_argument("--perf", action="store_true", help="also benchmark the matrix (as repro bench) into the reports")
     p.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds before a case is recorded as hung")
+    p.add_argument("--from-run", metavar="DIR", help="re-run results of this stored run (with --verdict or --last-failed)")
+    p.add_argument("--verdict", metavar="V[,V]", help="with --from-run: the results with these verdicts (or missing)")
+    p.add_argument("--last-failed", action="store_true",
+                   help="with --from-run: the results that made it FAIL (other_failure, regression, unexpected_pass,"
+                        " harness_error) and those it never wrote")
+    p.add_argument("--case", action="append", metavar="ID", help="run this case id (repeatable)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("list", parents=[selection], help="count cases per axis value without running")
