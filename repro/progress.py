@@ -132,8 +132,11 @@ def print_status_line(run: dict[str, Any], paths: Mapping[str, str] | None = Non
                       ) -> None:
     """The status line, PASS in green or FAIL in red on a terminal without NO_COLOR."""
     stream = stream or sys.stdout
-    console = Console(file=stream, no_color=no_color(), highlight=False, soft_wrap=True)
     line = status_line(run, paths)
     status, _, rest = line.partition(" | ")
+    if no_color():  # no colour, and no bold either: plain text
+        print(f" {status}  {rest}", file=stream)
+        return
+    console = Console(file=stream, force_terminal=stream.isatty(), highlight=False, soft_wrap=True)
     style = "bold white on green" if status == "PASS" else "bold white on red"
     console.print(f"[{style}] {status} [/] " + rest.replace("[", "\\["))
