@@ -94,6 +94,8 @@ def grid_data(run: dict[str, Any]) -> dict[str, Any]:
         return cases[case_id]
 
     for record in run["results"]:
+        if record["outcome"] == "skipped":  # repro.run/1: an infeasible case, not drawn
+            continue
         item = entry(record["case_id"], [reports.regression_of(record), *(record[a] for a in axes)])
         t = target_index[record["target"]]
         outcome = outcomes.index(record["outcome"]) if record["outcome"] in outcomes else len(outcomes) - 1

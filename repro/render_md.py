@@ -89,7 +89,7 @@ def status_block(run: dict[str, Any], reviewed: bool = False) -> list[str]:
 
 def _verdicts(run: dict[str, Any], reviewed: bool) -> list[str]:
     headers, rows = reports.verdict_rows(run, with_time=not reviewed)
-    return ["## Verdicts by target", "", *table(headers, [[code(r[0]), *map(str, r[1:])] for r in rows]), ""]
+    return ["## Verdicts by target", *table(headers, [[code(r[0]), *map(str, r[1:])] for r in rows]), ""]
 
 
 def _cell(by_target: dict[str, str], specs: list[str]) -> str:
@@ -111,7 +111,7 @@ def _grid(run: dict[str, Any], regression: str, multiple: bool) -> list[str]:
     kept_rows = [r for r in rows if any(interesting(texts.get((r, c), "")) for c in cols)]
     kept_cols = [c for c in cols if any(interesting(texts.get((r, c), "")) for r in kept_rows)]
     heading = f"## Cases that fail or differ: {regression}" if multiple else "## Cases that fail or differ"
-    lines = [heading, ""]
+    lines = [heading]
     if not kept_rows:
         return lines + [f"Every one of {len(found)} results passes on every target.", ""]
     legend = ", ".join(f"`{sym}` {name}" for name, sym in reports.SYMBOLS.items() if name != "skipped")
@@ -132,7 +132,7 @@ def _attention(run: dict[str, Any]) -> list[str]:
     def item(r: dict[str, Any]) -> str:
         return (f"- {code(r['target'], False)} {code(r['case_id'], False)}: **{r['verdict']}** ({r['outcome']})"
                 + (f": {plain(_clip(r.get('verdict_reason') or ''))}" if r.get("verdict_reason") else ""))
-    lines = [f"## Needs a look ({len(found)})", "", *(item(r) for r in found[:ATTENTION_LISTED]), ""]
+    lines = [f"## Needs a look ({len(found)})", *(item(r) for r in found[:ATTENTION_LISTED]), ""]
     if len(found) > ATTENTION_LISTED:
         lines += details(f"{len(found) - ATTENTION_LISTED} more", [item(r) for r in found[ATTENTION_LISTED:]])
     return lines
@@ -141,7 +141,7 @@ def _attention(run: dict[str, Any]) -> list[str]:
 def _failures(run: dict[str, Any]) -> list[str]:
     groups = reports.failure_groups(run)
     if not groups:
-        return ["## Error signatures", "", "No result failed.", ""]
+        return ["## Error signatures", "No result failed.", ""]
     headers = ["results", "error", "verdicts", "by target", "reproduce"]
     rows = [[str(g["count"]), code(f"{g['type']}: {_clip(g['message'], 60)}"),
              ", ".join(f"{v} {n}" for v, n in g["verdicts"]),
@@ -149,7 +149,7 @@ def _failures(run: dict[str, Any]) -> list[str]:
              code(reports.show_command(g["example"]["case_id"], g["example"]["target"]))] for g in groups]
     full = [f"- {code(g['type'], False)} at {code(g['location'] or '(no TE frame)', False)}:"
             f" {code(g['message'], False)}" for g in groups]
-    return ["## Error signatures", "", *table(headers, rows), "", *details("full messages and TE locations", full)]
+    return ["## Error signatures", *table(headers, rows), "", *details("full messages and TE locations", full)]
 
 
 def _environment(run: dict[str, Any], reviewed: bool) -> list[str]:
@@ -214,7 +214,7 @@ def render_step_summary(run: dict[str, Any], paths: dict[str, str] | None = None
     lines = [f"### repro run `{run.get('matrix', '?')}`", ""]
     if note := reports.incomplete_note(run):
         lines += [f"> **{note}**", ""]
-    lines += status_block(run) + _verdicts(run, reviewed=True)[2:] + _attention(run)
+    lines += status_block(run) + _verdicts(run, reviewed=True)[1:] + _attention(run)
     if paths:
         lines += ["Reports: " + ", ".join(code(p, False) for p in paths.values()), ""]
     return "\n".join(lines).rstrip("\n") + "\n\n"

@@ -124,9 +124,11 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         reasons.append(f"incomplete: {missing if run.get('missing') is not None else 'unknown number of'}"
                        " results missing")
     excluded = sum(n for by_reason in (run.get("excluded") or {}).values() for n in by_reason.values())
+    ran = [r for r in run["results"] if r["outcome"] != "skipped"]  # repro.run/1 stored infeasible cases as skipped
+    excluded += len({r["case_id"] for r in run["results"]} - {r["case_id"] for r in ran})
     return {
         "status": "FAIL" if reasons else "PASS", "fail_reasons": reasons,
-        "results": len(run["results"]), "cases": len({r["case_id"] for r in run["results"]}),
+        "results": len(ran), "cases": len({r["case_id"] for r in ran}),
         "targets": len(target_specs(run)), "missing": run.get("missing"), "complete": complete,
         "excluded": excluded, "needs_attention": bad,
         "verdicts": {v: verdicts[v] for v in VERDICTS if verdicts[v]},
@@ -266,7 +268,7 @@ def pivot(run: dict[str, Any], records: list[dict[str, Any]] | None = None,
           ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[Any, dict[str, str]]]:
     """Rows pipeline x input, columns grad_mode x recompute; per cell and target the worst
     outcome over the other axes, with '!' appended when a verdict there is bad."""
-    found = run["results"] if records is None else records
+    found = [r for r in (run["results"] if records is None else records) if r["outcome"] != "skipped"]
     values = present_values(run)
     seen: dict[Any, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     bad: set[tuple[Any, str]] = set()
