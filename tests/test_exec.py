@@ -91,3 +91,13 @@ def test_exec_bad_input_is_one_line_exit_2(args: list[str], message: str, tmp_pa
 def test_show_standalone_needs_script() -> None:
     result = repro("show", CRASH_CASE, "--standalone", check_rc=2)
     assert "--standalone goes with --script" in result.stderr
+
+
+def test_standalone_megatron_recompute_through_exec(tmp_path: Path) -> None:
+    """Megatron's own CheckpointFunction around te.ops: crashes on te-2.13.0, passes on te-2.16.0."""
+    script = standalone(tmp_path, "issue22:fused_residual_rmsnorm-enabled-non_leaf-trainable-megatron-single-float32-cpu")
+    assert "megatron_random.checkpoint(model, False, *args)" in script.read_text()
+    crashed = exec_in(tmp_path, "--target", "te-2.13.0", "--megatron", "--", sys.executable, str(script))
+    assert crashed.returncode == 1 and "only change requires_grad flags of leaf variables" in crashed.stderr
+    passed = exec_in(tmp_path, "--target", "te-2.16.0", "--megatron", "--", sys.executable, str(script))
+    assert passed.returncode == 0, passed.stderr
