@@ -137,11 +137,6 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def summary_of(run: dict[str, Any]) -> dict[str, Any]:
-    """The stored summary, recomputed: the results are the truth, and an old run has none."""
-    return summarize(run)
-
-
 # ---- views shared by the formats ----
 
 def target_specs(run: dict[str, Any]) -> list[str]:
@@ -284,11 +279,6 @@ def pivot(run: dict[str, Any], records: list[dict[str, Any]] | None = None,
     cells = {key: {spec: worst(outs) + ("!" if (key, spec) in bad else "") for spec, outs in by_target.items()}
              for key, by_target in seen.items()}
     return rows, cols, cells
-
-
-def case_order(record: dict[str, Any]) -> str:
-    """Stored order is matrix order; the case id breaks ties between targets."""
-    return record["case_id"]
 
 
 def signature(record: dict[str, Any]) -> tuple[str, str, str]:
