@@ -1,8 +1,10 @@
-"""The case axes. These names and values are stable: CLI filters, JSON and reports use them."""
+"""The case axes. These names and values are stable: case ids, CLI filters, JSON and
+reports use them. A case id is its regression id and its axis values in this order."""
 
 from __future__ import annotations
 
 AXES: dict[str, tuple[str, ...]] = {
+    "client": ("ops",),
     "pipeline": (
         "fused_residual_rmsnorm",
         "fused_residual_rmsnorm_inplace",
@@ -22,6 +24,14 @@ AXES: dict[str, tuple[str, ...]] = {
     "params": ("trainable", "frozen"),
     "recompute": ("none", "checkpoint_reentrant", "checkpoint_non_reentrant", "megatron"),
     "sequence": ("single", "recompute_pattern"),
+    # The form of the upstream gradient: dense (a weighted loss) or expanded (a plain
+    # .sum(), whose gradient is a stride-0 view that cannot be written into).
+    "grad_form": ("dense", "expanded"),
     "dtype": ("float32", "bfloat16", "float16"),
     "device": ("cpu", "cuda", "npu"),
 }
+
+# What each input kind is, for the rules: whether the caller's tensor requires grad,
+# and whether it is a leaf.
+INPUTS_REQUIRING_GRAD = ("leaf_requires_grad", "non_leaf", "view")
+NON_LEAF_INPUTS = ("non_leaf", "view")

@@ -1,49 +1,49 @@
-"""Known, explained deviations of TE's fuser from the unfused reference that are not
-issue 22, as targeted rules (in the style of PyTorch's XFailRule): each names the check
-and the message it expects, and the cases it applies to. A matching failure is recorded
-under `known_deviations` instead of failing the case; anything else still fails.
+"""Known deviations of TE's fuser from the unfused reference that are not the regression
+under test, as targeted rules (PyTorch's XFailRule style). A regression lists the ones
+its cases meet; a matching failure is recorded under `known_deviations` instead of
+failing the case, and anything else still fails.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
-from cases.matrix import Case
-
-
-@dataclass(frozen=True)
-class DeviationRule:
-    check: str
-    message: str  # regex on the failure text
-    applies: str  # why, shown in reports
-    when_fuser_applies_autograd: bool = True
-
-
-RULES = (
-    DeviationRule(
-        check="output_requires_grad",
-        message=r"requires_grad=True, reference False",
-        applies="every release: outputs of the fuser's autograd.Function all require grad once any "
-        "fuser input (here a trainable parameter) does, even a pass-through extra output",
-    ),
-)
+from cases.case import Case
+from cases.regression import Deviation
 
 
 def _fuser_applies_autograd(case: Case) -> bool:
     return case.grad_mode in ("enabled", "enable_grad_inside_no_grad") and case.params == "trainable"
 
 
-def split_known(case: Case, failed: dict[str, list[str]]) -> tuple[dict[str, list[str]], list[str]]:
-    """Separate failures explained by a rule from the rest."""
+PASS_THROUGH_REQUIRES_GRAD = Deviation(
+    check="output_requires_grad",
+    message=r"requires_grad=True, reference False",
+    applies=_fuser_applies_autograd,
+    why="every release: outputs of the fuser's autograd.Function all require grad once any fuser input "
+    "(here a trainable parameter) does, even a pass-through extra output",
+)
+
+MARKS_CALLER_INPUT = Deviation(
+    check="caller_tensors",
+    message=r"caller's x\.requires_grad: False -> True",
+    applies=lambda case: case.input == "leaf" and _fuser_applies_autograd(case),
+    why="releases up to 2.6.0.post1: the fuser's forward calls requires_grad_() on the caller's own input "
+    "whenever a parameter needs a gradient (removed by NVIDIA/TransformerEngine PR #1900; seen here up to 2.6.0.post1, not from 2.7.0)",
+)
+
+
+def split_known(case: Case, deviations: tuple[Deviation, ...],
+                failed: dict[str, list[str]]) -> tuple[dict[str, list[str]], list[str]]:
+    """Separate the failures a deviation explains from the rest."""
     remaining: dict[str, list[str]] = {}
     known: list[str] = []
     for check, messages in failed.items():
         for message in messages:
-            rule = next((r for r in RULES if r.check == check and re.search(r.message, message)
-                         and (not r.when_fuser_applies_autograd or _fuser_applies_autograd(case))), None)
+            rule = next((d for d in deviations if d.check == check and re.search(d.message, message)
+                         and d.applies(case)), None)
             if rule:
-                known.append(f"{message} [{rule.applies}]")
+                known.append(f"{message} [{rule.why}]")
             else:
                 remaining.setdefault(check, []).append(message)
     return remaining, known

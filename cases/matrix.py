@@ -1,80 +1,68 @@
-"""Case generation: the whole matrix of axes, one feasibility predicate, presets and filters.
+"""Case generation: the valid cases of a regression's preset, with the combinations that
+cannot run counted by reason (counts, not records), and `--only` filters.
 
-Every combination is enumerated, and the infeasible ones carry their skip reason, so
-case ids are the same on every machine (as asv reports n/a).
+The rules that make a combination meaningless for every regression live in
+`common_exclusion`; a regression adds its own through `Regression.exclude`. Case ids are
+built from axis values, so they are stable however many combinations are excluded.
 """
 
 from __future__ import annotations
 
 import itertools
-from dataclasses import asdict, dataclass
+from collections import Counter
+from dataclasses import dataclass
 
 from cases.axes import AXES
+from cases.case import Case
 from cases.pipelines import PIPELINES
+from cases.regression import Regression
+from cases.regressions import REGRESSIONS
 from harness.errors import UsageError
 
 MAX_CASES_DEFAULT = 20000
+# Presets of issue 22 that predate the regression catalogue keep their names.
+ISSUE22_PRESETS = {"smoke": "smoke", "full": "full"}
+ALL = "all"
 
 
-@dataclass(frozen=True)
-class Case:
-    pipeline: str
-    grad_mode: str
-    input: str
-    params: str
-    recompute: str
-    sequence: str
-    dtype: str
-    device: str
-
-    @property
-    def case_id(self) -> str:
-        return "-".join(asdict(self).values())
-
-    def as_dict(self) -> dict[str, str]:
-        return asdict(self)
-
-
-def skip_reason(case: Case) -> str | None:
-    """Why a combination makes no sense, or None. The only place such rules live."""
+def common_exclusion(case: Case) -> str | None:
+    """Why a combination makes no sense for any regression, or None."""
     if case.recompute != "none" and case.grad_mode != "enabled":
         return f"recompute wrappers run inside a training step; not under grad_mode={case.grad_mode}"
     if case.sequence == "recompute_pattern" and (case.grad_mode != "enabled" or case.recompute != "none"):
         return "recompute_pattern sets its own grad modes (no_grad, then grad, then backward)"
-    if PIPELINES[case.pipeline].in_place_extra_input and (case.recompute != "none" or case.sequence != "single"):
+    pipeline = PIPELINES[case.pipeline]
+    if pipeline.in_place_extra_input and (case.recompute != "none" or case.sequence != "single"):
         return "in-place accumulation into the caller's residual is not recompute-safe: a recompute adds it again"
-    if case.params == "frozen" and not PIPELINE_HAS_PARAMS[case.pipeline]:
+    if case.params == "frozen" and not pipeline.has_params:
         return f"{case.pipeline} has no parameters to freeze"
+    if case.grad_form == "expanded" and case.grad_mode in ("no_grad", "inference_mode"):
+        return "no backward runs under no_grad or inference_mode, so there is no upstream gradient form"
     return None
 
 
-PIPELINE_HAS_PARAMS = {
-    name: name not in {"extra_output_only", "identity", "reshape"} for name in PIPELINES
-}
+@dataclass(frozen=True)
+class Selection:
+    """The cases of one regression in a run, and what was left out and why."""
 
-PRESETS: dict[str, dict[str, tuple[str, ...]]] = {
-    "smoke": {
-        "pipeline": ("fused_residual_rmsnorm", "extra_output_only", "rmsnorm"),
-        "grad_mode": ("enabled", "no_grad"),
-        "input": ("leaf", "non_leaf"),
-        "params": ("trainable",),
-        "recompute": ("none", "checkpoint_reentrant"),
-        "sequence": ("single",),
-        "dtype": ("float32",),
-        "device": ("cpu",),
-    },
-    "issue22": {**AXES, "dtype": ("float32", "bfloat16"), "device": ("cpu",)},
-    "full": dict(AXES),
-}
+    regression: Regression
+    cases: list[Case]
+    excluded: Counter[str]
+
+
+def matrix_names() -> list[str]:
+    return [*REGRESSIONS, *ISSUE22_PRESETS, ALL]
 
 
 def parse_filters(only: list[str] | None) -> dict[str, tuple[str, ...]]:
-    """`--only axis=v1,v2` (repeatable) into {axis: values}, checked against AXES."""
+    """`--only axis=v1,v2` into {axis: values}, checked against AXES; an axis given twice is refused."""
     filters: dict[str, tuple[str, ...]] = {}
     for item in only or []:
         axis, sep, values = item.partition("=")
         if not sep or axis not in AXES:
             raise UsageError(f"bad filter {item!r}; use axis=value[,value] with axis one of: {', '.join(AXES)}")
+        if axis in filters:
+            raise UsageError(f"--only names {axis} twice; give its values once, comma-separated: {axis}=v1,v2")
         chosen = tuple(v for v in values.split(",") if v)
         unknown = [v for v in chosen if v not in AXES[axis]]
         if unknown or not chosen:
@@ -83,15 +71,43 @@ def parse_filters(only: list[str] | None) -> dict[str, tuple[str, ...]]:
     return filters
 
 
-def generate(matrix: str, only: list[str] | None = None, max_cases: int = MAX_CASES_DEFAULT) -> list[Case]:
-    if matrix not in PRESETS:
-        raise UsageError(f"unknown matrix {matrix!r}; valid: {', '.join(PRESETS)}")
-    axes = dict(PRESETS[matrix])
+def select(regression: Regression, preset: str, only: list[str] | None = None) -> Selection:
+    axes = dict(regression.presets[preset])
     for axis, values in parse_filters(only).items():
-        axes[axis] = tuple(v for v in AXES[axis] if v in values)
-    count = 1
-    for values in axes.values():
-        count *= len(values)
+        axes[axis] = tuple(v for v in axes.get(axis, ()) if v in values)
+    cases, excluded = [], Counter[str]()
+    for combination in itertools.product(*(axes[axis] for axis in AXES)):
+        case = Case(regression.id, *combination)
+        reason = common_exclusion(case) or regression.exclude(case)
+        if reason:
+            excluded[reason] += 1
+        else:
+            cases.append(case)
+    return Selection(regression, cases, excluded)
+
+
+def generate(matrix: str, only: list[str] | None = None, max_cases: int = MAX_CASES_DEFAULT,
+             preset: str = "default") -> list[Selection]:
+    """The selections a `--matrix` name stands for: one regression's preset (`preset` where
+    it declares one, else its default), an issue-22 preset (smoke, full), or every
+    regression (all)."""
+    def preset_of(regression: Regression) -> str:
+        return preset if preset in regression.presets else "default"
+
+    if matrix == ALL:
+        chosen = [(regression, preset_of(regression)) for regression in REGRESSIONS.values()]
+    elif matrix in REGRESSIONS:
+        chosen = [(REGRESSIONS[matrix], preset_of(REGRESSIONS[matrix]))]
+    elif matrix in ISSUE22_PRESETS:
+        chosen = [(REGRESSIONS["issue22"], ISSUE22_PRESETS[matrix])]
+    else:
+        raise UsageError(f"unknown matrix {matrix!r}; valid: {', '.join(matrix_names())}")
+    selections = [select(regression, preset, only) for regression, preset in chosen]
+    count = sum(len(s.cases) for s in selections)
     if count > max_cases:
-        raise UsageError(f"selection has {count} cases, above the cap of {max_cases}; narrow it with --only or raise --max-cases")
-    return [Case(*combo) for combo in itertools.product(*(axes[a] for a in AXES))]
+        raise UsageError(f"selection has {count} cases, above the cap of {max_cases}; "
+                         "narrow it with --only or raise --max-cases")
+    if count == 0:
+        raise UsageError(f"the selection of matrix {matrix} with --only {' '.join(only or [])} holds no valid case; "
+                         "see `repro list --matrix " + matrix + "` for the values it has")
+    return selections

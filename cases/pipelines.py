@@ -1,9 +1,10 @@
 """The pipeline catalogue. Each entry is data, in the style of PyTorch's ModuleInfo: how
 to build it from a target's ops, and a plain-PyTorch reference of the same computation.
 
-`exposes_input` records, for the oracle, whether some fuser group hands its input tensor
-back unchanged as an output (MakeExtraOutput's extra output, or Identity's output):
-exactly the tensors that issue 22's `requires_grad_` calls land on.
+The structural facts the regressions' rules read are declared here: whether some fuser
+group hands its input tensor back unchanged (`exposes_input`: MakeExtraOutput's extra
+output, Identity's output), how many basic ops each fuser group holds, and which op
+features a release must have for the pipeline to mean what its reference says.
 """
 
 from __future__ import annotations
@@ -37,7 +38,18 @@ class PipelineInfo:
     num_extra_inputs: int = 0
     exposes_input: bool = False
     in_place_extra_input: bool = False
-    fuser_groups: int = 1
+    ops_per_group: tuple[int, ...] = (1,)  # basic ops in each fuser group
+    makes_extra_output: bool = False  # MakeExtraOutput hands a tensor back beside the main output
+    extra_output_is_main_output: bool = False  # MakeExtraOutput is the last op: both outputs are one tensor
+    requires: tuple[str, ...] = ()  # op features of the target (see LoadedTarget.features)
+
+    @property
+    def fuser_groups(self) -> int:
+        return len(self.ops_per_group)
+
+    @property
+    def has_params(self) -> bool:
+        return bool(ops_used(self) & {"RMSNorm", "LayerNorm", "BasicLinear", "Bias"})
 
 
 def ops_used(info: PipelineInfo) -> set[str]:
@@ -83,31 +95,37 @@ PIPELINES: dict[str, PipelineInfo] = {
             "fused_residual_rmsnorm", "[MakeExtraOutput, RMSNorm]: Megatron's TEFusedResidualRMSNorm",
             lambda o, k: [o["MakeExtraOutput"](), o["RMSNorm"](HIDDEN, **k)],
             lambda x, e, p: (rms_norm(x, p[0]), x), exposes_input=True,
+            ops_per_group=(2,), makes_extra_output=True,
         ),
         PipelineInfo(
             "fused_residual_rmsnorm_inplace", "[MakeExtraOutput(in_place=True), RMSNorm]",
             lambda o, k: [o["MakeExtraOutput"](in_place=True), o["RMSNorm"](HIDDEN, **k)],
             lambda x, e, p: (rms_norm(x, p[0]), x), exposes_input=True,
+            ops_per_group=(2,), makes_extra_output=True, requires=("in_place_kwarg",),
         ),
         PipelineInfo(
             "residual_layernorm", "[MakeExtraOutput, LayerNorm]",
             lambda o, k: [o["MakeExtraOutput"](), o["LayerNorm"](HIDDEN, **k)],
             lambda x, e, p: (layer_norm(x, p[0], p[1]), x), exposes_input=True,
+            ops_per_group=(2,), makes_extra_output=True,
         ),
         PipelineInfo(
             "add_residual_rmsnorm", "[AddExtraInput, MakeExtraOutput, RMSNorm]: residual add + norm",
             lambda o, k: [o["AddExtraInput"](), o["MakeExtraOutput"](), o["RMSNorm"](HIDDEN, **k)],
             lambda x, e, p: (rms_norm(x + e[0], p[0]), x + e[0]), num_extra_inputs=1,
+            ops_per_group=(3,), makes_extra_output=True, requires=("in_place_kwarg",),
         ),
         PipelineInfo(
             "add_residual_rmsnorm_inplace", "[AddExtraInput(in_place=True), MakeExtraOutput, RMSNorm]",
             lambda o, k: [o["AddExtraInput"](in_place=True), o["MakeExtraOutput"](), o["RMSNorm"](HIDDEN, **k)],
             lambda x, e, p: _norm_and_sum(_add_in_place(x, e[0]), p[0]),
             num_extra_inputs=1, in_place_extra_input=True,
+            ops_per_group=(3,), makes_extra_output=True, requires=("in_place_kwarg",),
         ),
         PipelineInfo(
             "extra_output_only", "[MakeExtraOutput]: the output is itself the pass-through tensor",
             lambda o, k: [o["MakeExtraOutput"]()], lambda x, e, p: (x, x), exposes_input=True,
+            makes_extra_output=True,
         ),
         PipelineInfo("identity", "[Identity]", lambda o, k: [o["Identity"]()], lambda x, e, p: (x,), exposes_input=True),
         PipelineInfo(
@@ -122,11 +140,13 @@ PIPELINES: dict[str, PipelineInfo] = {
             "linear_bias_extra", "[BasicLinear, Bias, MakeExtraOutput]: the extra output is computed (control)",
             lambda o, k: [o["BasicLinear"](HIDDEN, HIDDEN, **k), o["Bias"](HIDDEN, **k), o["MakeExtraOutput"]()],
             lambda x, e, p: _twice(x @ p[0].t() + p[1]),
+            ops_per_group=(3,), makes_extra_output=True, extra_output_is_main_output=True,
         ),
         PipelineInfo(
             "split_fuser", "[MakeExtraOutput, torch.nn.Tanh-like module, RMSNorm]: two fuser groups",
             lambda o, k: [o["MakeExtraOutput"](), Tanh(), o["RMSNorm"](HIDDEN, **k)],
-            lambda x, e, p: (rms_norm(torch.tanh(x), p[0]), x), exposes_input=True, fuser_groups=2,
+            lambda x, e, p: (rms_norm(torch.tanh(x), p[0]), x), exposes_input=True,
+            ops_per_group=(1, 1), makes_extra_output=True, requires=("extra_tensors_across_groups",),
         ),
         PipelineInfo(
             "residual_mlp", "[MakeExtraOutput, RMSNorm, BasicLinear, Bias, GELU, BasicLinear, Bias]: pre-norm MLP",
@@ -138,6 +158,7 @@ PIPELINES: dict[str, PipelineInfo] = {
                 F.gelu(rms_norm(x, p[0]) @ p[1].t() + p[2], approximate="tanh") @ p[3].t() + p[4], x,
             ),
             exposes_input=True,
+            ops_per_group=(7,), makes_extra_output=True,
         ),
     )
 }

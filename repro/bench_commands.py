@@ -10,7 +10,7 @@ from typing import Any
 
 from tabulate import tabulate
 
-from cases.matrix import PRESETS, generate
+from cases.matrix import generate, matrix_names
 from harness import bench, targets
 from harness.bench import stats as bench_stats
 from harness.errors import UsageError
@@ -89,7 +89,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("bench", parents=[common], help="time the fuser across targets, side by side, with ratios")
     # smoke by default: a bench of issue22 times 144 combinations per target and takes long.
-    p.add_argument("--matrix", default="smoke", help=f"preset whose pipelines and dtypes to bench: {', '.join(PRESETS)}"
+    p.add_argument("--matrix", default="smoke", help=f"preset whose pipelines and dtypes to bench: {', '.join(matrix_names())}"
                    " (default smoke)")
     p.add_argument("--only", action="append", metavar="AXIS=V[,V]", help="keep only these axis values (only pipeline, dtype and device matter here; modes come from --modes)")
     p.add_argument("--targets", help=f"comma-separated specs (default {','.join(bench.DEFAULT_TARGETS)})")

@@ -66,8 +66,10 @@ EXAMPLES = {
     "minimal": "repro minimal --target te-2.13.0",
     "run": "repro run --matrix issue22   (or: repro run --from-run runs/issue22 --last-failed)",
     "list": "repro list --matrix issue22 --only pipeline=identity",
-    "sweep": "repro sweep --from 2.8.0 --to latest",
+    "sweep": "repro sweep --matrix issue22 --from 2.1.0 --to latest",
     "devices": "repro devices",
+    "regressions": "repro regressions",
+    "schema": "repro schema > run.schema.json",
     "bench": "repro bench --matrix smoke --targets te-2.13.0,te-2.16.0",
 }
 

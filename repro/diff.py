@@ -41,7 +41,7 @@ def _kind(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
     if b_bad and not a_bad:
         return "new regression"
     # Newly fixed: a result that needed a person no longer does, or a failure now passes.
-    if (a_bad and not b_bad) or (a["outcome"] not in ("pass", "skipped") and b["outcome"] == "pass"):
+    if (a_bad and not b_bad) or (a["outcome"] not in ("pass", "not_applicable") and b["outcome"] == "pass"):
         return "newly fixed"
     return "other change"
 

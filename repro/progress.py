@@ -6,8 +6,9 @@ counters by verdict; a start-up message until the first result arrives. Off a te
 The status line is PASS or FAIL in colour (never with NO_COLOR set, or off a terminal),
 each regression's headline, the counts that matter, elapsed time and the report paths.
 
-The runner calls `Progress(totals, tty)` once, `progress(line)` for a message,
-`progress.update(spec, done, verdict_counts)` whenever it has read new results, and
+The runner calls `Progress(totals, tty)` once (totals may be empty when the plan is made
+later), `progress(line)` for a message, `progress.update(spec, done, verdict_counts, total)`
+whenever it has read new results (a spec not seen before gets its line then), and
 `progress.close()`; then `print_status_line(run, paths)`.
 """
 
@@ -55,11 +56,12 @@ def _elapsed(seconds: float) -> str:
 class Progress:
     """Progress of a run's target sessions; see the module docstring."""
 
-    def __init__(self, totals: dict[str, int], tty: bool | None = None, stream: TextIO | None = None,
+    def __init__(self, totals: dict[str, int] | None = None, tty: bool | None = None, stream: TextIO | None = None,
                  interval_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty() if tty is None else tty
-        self.totals, self.interval_s, self.clock = dict(totals), interval_s, clock
+        totals = dict(totals or {})
+        self.totals, self.interval_s, self.clock = totals, interval_s, clock
         self.done: dict[str, int] = dict.fromkeys(totals, 0)
         self.verdicts: dict[str, dict[str, int]] = {spec: {} for spec in totals}
         self.started = clock()
@@ -72,11 +74,22 @@ class Progress:
             self.live = RichProgress(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
                                      TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                                      TextColumn("{task.fields[verdicts]}"), console=console, transient=False)
-            width = max((len(s) for s in totals), default=0)
             for spec, total in totals.items():
-                self.tasks[spec] = self.live.add_task(spec.ljust(width), total=total, verdicts="starting…")
+                self._set_total(spec, total)
             self.live.start()
-        self(f"starting {len(totals)} target sessions (importing torch and each target takes a few seconds)…")
+        self("starting the target sessions (importing torch and each target takes a few seconds)…")
+
+    def _set_total(self, spec: str, total: int) -> None:
+        """A target's total; its line appears on the first one."""
+        self.totals[spec] = total
+        self.done.setdefault(spec, 0)
+        self.verdicts.setdefault(spec, {})
+        if self.live is None:
+            return
+        if spec in self.tasks:
+            self.live.update(self.tasks[spec], total=total)
+        else:
+            self.tasks[spec] = self.live.add_task(spec.ljust(20), total=total, verdicts="starting…")
 
     def __call__(self, line: str) -> None:
         """A message: above the live lines on a terminal, a plain line otherwise."""
@@ -85,7 +98,9 @@ class Progress:
         else:
             print(line, file=self.stream, flush=True)
 
-    def update(self, spec: str, done: int, verdict_counts: Mapping[str, int]) -> None:
+    def update(self, spec: str, done: int, verdict_counts: Mapping[str, int], total: int | None = None) -> None:
+        if spec not in self.totals or (total is not None and total != self.totals[spec]):
+            self._set_total(spec, total if total is not None else 0)
         self.done[spec] = done
         self.verdicts[spec] = dict(verdict_counts)
         self.any_result = self.any_result or done > 0

@@ -31,8 +31,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from cases import issue22
-    from cases.matrix import skip_reason
+    from cases.matrix import common_exclusion
+    from cases.regressions import REGRESSIONS
     from harness.engine.script import DEFAULT_TARGET, parse_case_id, render_script
 
     case = parse_case_id(args.case_id)
@@ -48,13 +48,15 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     for axis, value in case.as_dict().items():
         print(f"{axis:10} {value}")
-    prediction = issue22.predict(case)
-    effect = f", {prediction.effect}" if prediction.effect else ""
-    print(f"oracle     {prediction.expected}{effect}: {prediction.reason}")
-    reason = skip_reason(case)
-    print(f"skipped    {reason}" if reason else "runnable   yes")
-    target = args.target or DEFAULT_TARGET
-    print(f"\nreproduce: repro show {case.case_id} --target {target} --script > case.py && python case.py")
+    regression = REGRESSIONS[case.regression]
+    prediction = regression.predict(case)
+    symptom = f", {prediction.rule.symptom.description}" if prediction.rule else ""
+    print(f"predicted  {prediction.expected}{symptom}: {prediction.reason}")
+    reason = common_exclusion(case) or regression.exclude(case)
+    print(f"excluded   {reason}" if reason else "valid      yes")
+    target = args.target or regression.default_targets[0]
+    print(f"\nreproduce: repro show {case.case_id} --target {target} --script --standalone > case.py"
+          f" && repro exec --target {target} -- python case.py")
     return 0
 
 

@@ -18,19 +18,22 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
 from harness.errors import UsageError
+from harness.model import SCHEMA, Run
 from harness.runner import records
 
-SCHEMAS = ("repro.run/1", "repro.run/2")
 FORMATS = ("md", "verdict-md", "summary", "html", "junit", "json")
 OUTCOMES = ("pass", "crash", "wrong_output", "wrong_grad", "side_effect", "harness_error", "not_applicable",
             "skipped")
 VERDICTS = ("reproduced", "fixed", "unaffected", "other_failure", "regression", "unexpected_pass", "harness_error",
             "not_applicable", "skipped")
 BAD_VERDICTS = ("other_failure", "regression", "unexpected_pass", "harness_error")
-# The axes a result may carry, in the order a case id is built from them.
-AXIS_FIELDS = ("client", "pipeline", "grad_mode", "input", "params", "recompute", "sequence", "dtype", "device",
-               "grad_form")
+# The axes a result may carry, in the order a case id is built from them; a run's own
+# `axes` ({axis: [values]}), when it stores them, takes precedence.
+AXIS_FIELDS = ("client", "pipeline", "grad_mode", "input", "params", "recompute", "sequence", "grad_form", "dtype",
+               "device")
 # Worst first: the outcome a grid cell shows for a target when it holds several cases.
 SEVERITY = ("harness_error", "crash", "wrong_output", "wrong_grad", "side_effect", "pass", "not_applicable",
             "skipped")
@@ -58,28 +61,37 @@ def _read_json(path: Path) -> dict[str, Any]:
         run = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
-    if not isinstance(run, dict) or run.get("schema") not in {*SCHEMAS, records.SCHEMA}:
-        raise UsageError(f"{path} is not a run ({' or '.join(SCHEMAS)})")
-    return run
+    if isinstance(run, dict) and run.get("schema") == "repro.run/1":
+        raise UsageError(f"{path} is a repro.run/1 run, written before regressions were declared units; "
+                         f"run it again with this version (repro run --matrix {run.get('matrix', 'issue22')})")
+    if not isinstance(run, dict) or run.get("schema") != SCHEMA:
+        raise UsageError(f"{path} is not a {SCHEMA} run")
+    try:
+        return Run.model_validate(run).model_dump(mode="json", by_alias=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise UsageError(f"{path} is not a valid {SCHEMA} run: {where}: {first['msg']}") from None
 
 
 def _run_from_jsonl(run_dir: Path) -> dict[str, Any]:
-    """What an unfinished run holds. run-meta.json names the targets and the case ids the
-    run was asked for (`cases`), so every missing (target, case id) can be listed."""
+    """What an unfinished run holds. run-meta.json names every (target, case id) the run was
+    asked for (`expected_keys`), so every missing one can be listed."""
     found, problems = records.read_jsonl(run_dir / "results.jsonl")
     meta = _read_meta(run_dir)
     by_key = {(r["target"], r["case_id"]): r for r in found}  # a repeated record: the last one counts
     specs = list(meta.get("targets") or dict.fromkeys(r["target"] for r in found))
-    case_ids = meta.get("cases")
+    keys = meta.get("expected_keys")
     missing_keys: list[tuple[str, str]] = []
-    if isinstance(case_ids, list) and specs:
-        missing_keys = [(s, c) for s in specs for c in case_ids if (s, c) not in by_key]
+    if isinstance(keys, list):
+        expected_keys = [(str(k[0]), str(k[1])) for k in keys if isinstance(k, list) and len(k) == 2]
+        missing_keys = [k for k in expected_keys if k not in by_key]
         missing: int | None = len(missing_keys)
     else:
         expected = meta.get("expected_results")
         missing = expected - len(by_key) if isinstance(expected, int) else None
     run = {
-        "schema": "repro.run/2", "matrix": meta.get("matrix", "?"), "started_at": meta.get("started_at"),
+        "schema": SCHEMA, "matrix": meta.get("matrix", "?"), "started_at": meta.get("started_at"),
         "environment": {"torch": "?", "python": "?", "platform": "?", "machine": "?",
                         "targets": [_bare_target(spec, run_dir, meta) for spec in specs]},
         "complete": False, "missing": missing, "problems": problems,
@@ -179,12 +191,9 @@ def regression_info(run: dict[str, Any], regression: str) -> dict[str, Any]:
 
 
 def headlines(run: dict[str, Any]) -> dict[str, list[str]]:
-    """Each regression's headline lines, as the run stored them (repro.run/1: from summary.headline)."""
-    if "headlines" in run:
-        return {reg: list(run["headlines"].get(reg) or []) for reg in regression_ids(run)}
-    from repro.summary import headline  # repro.run/1 stored none; its own computation
-
-    return {"issue22": headline(run)}
+    """Each regression's headline lines, as the run stored them (computed when it was assembled)."""
+    stored = run.get("headlines") or {}
+    return {reg: list(stored.get(reg) or []) for reg in regression_ids(run)}
 
 
 def incomplete_note(run: dict[str, Any]) -> str | None:

@@ -14,9 +14,11 @@ from pathlib import Path
 from tabulate import tabulate
 
 from cases.axes import AXES
-from cases.matrix import MAX_CASES_DEFAULT, PRESETS, generate, skip_reason
+from cases.matrix import MAX_CASES_DEFAULT, generate, matrix_names
+from cases.regressions import REGRESSIONS
 from harness import targets
 from harness.errors import UsageError
+from harness.model import json_schema
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
 from repro.progress import Progress, print_status_line
@@ -43,6 +45,19 @@ def rerun_selection(args: argparse.Namespace) -> list | None:
     return rerun.select_cases(case_ids) if case_ids else None
 
 
+def target_list(text: str | None) -> list[str] | None:
+    """`--targets a,b` as a list; None (each regression's defaults) when not given."""
+    if text is None:
+        return None
+    specs = [s.strip() for s in text.split(",")]
+    if not all(specs):
+        raise UsageError(f"--targets {text!r} names an empty target; give specs separated by commas "
+                         f"({targets.SPEC_FORMS})")
+    for spec in specs:
+        targets.parse_spec(spec)  # fail fast on a bad spec, before any work
+    return specs
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if (selection := rerun_selection(args)) is not None:
         if not selection:
@@ -51,14 +66,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         # The selection is computed and checked; turning it into cases is the case model's job (issue 9).
         raise UsageError(f"{len(selection)} results selected, but re-running a selection is not wired into case"
                          " generation yet; use --only to narrow the matrix meanwhile")
-    specs = [s for s in (args.targets.split(",") if args.targets else targets.DEFAULT_TARGETS) if s]
-    for spec in specs:
-        targets.parse_spec(spec)  # fail fast on a bad spec, before any work
-    cases = generate(args.matrix, args.only, args.max_cases)
+    specs = target_list(args.targets)
+    generate(args.matrix, args.only, args.max_cases)
     out_dir = Path(args.out or Path("runs") / args.matrix)
     cache = sources.cache_dir(args.cache_dir)
-    runnable = sum(skip_reason(c) is None for c in cases)
-    progress = Progress(dict.fromkeys(specs, runnable))
+    progress = Progress()  # each target's line appears once the runner has planned it
     started = time.time()
     try:
         run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline, args.max_cases,
@@ -72,7 +84,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.perf:
         from harness.bench import parse_modes, run_bench
 
-        run["perf"] = run_bench(args.matrix, args.only, specs, parse_modes(None), rounds=3, min_run_time=0.05,
+        bench_specs = specs or list(REGRESSIONS["issue22"].default_targets)
+        run["perf"] = run_bench(args.matrix, args.only, bench_specs, parse_modes(None), rounds=3, min_run_time=0.05,
                                 out_dir=out_dir, cache=cache, offline=args.offline, progress=_progress)
     run.setdefault("started_at", datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"))
     run.setdefault("elapsed_s", round(time.time() - started, 1))
@@ -86,17 +99,34 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_sweep(args: argparse.Namespace) -> int:
     from harness.runner.sweep import sweep
 
-    generate(args.matrix, args.only, args.max_cases)
+    if args.matrix not in REGRESSIONS:
+        raise UsageError(f"sweep takes one regression; valid: {', '.join(REGRESSIONS)}")
+    generate(args.matrix, args.only, args.max_cases, preset="sweep")
     out_dir = Path(args.out or Path("runs") / f"sweep-{args.matrix}")
     result = sweep(args.matrix, args.only, args.from_version, args.to_version, out_dir, args.workers,
                    sources.cache_dir(args.cache_dir), args.offline, _progress)
     (out_dir / "run.json").write_text(json.dumps(result["run"], indent=1))
-    rows = [[r["release"], f"{r['affected_failing']}/{r['affected']}", r["other_failures"], r["verdict"], r["reason"]]
-            for r in result["rows"]]
-    print(tabulate(rows, headers=["release", "affected failing", "other failures", "verdict", "reason"]))
-    first = result["first_fixed"]
-    print(f"\nfirst release in which every affected case passes: {first}" if first else
-          "\nno release in the range fixes every affected case after an affected one")
+    columns = ("release", "affected", "reproduced", "failed_otherwise", "passed", "unaffected_failing",
+               "not_applicable", "state", "reason")
+    print(tabulate([[row[c] for c in columns] for row in result["rows"]], headers=list(columns)))
+    regression = REGRESSIONS[args.matrix]
+    print(f"\n{regression.id}: first affected release: {result['first_affected'] or 'none in the range'}"
+          f" (declared: {regression.first_affected or 'before 2.1.0'}); first fixed release: "
+          f"{result['first_fixed'] or 'none in the range'} (declared: {regression.first_fixed})")
+    if result["not_monotonic"]:
+        print(f"not monotonic: reproduces again in {', '.join(result['not_monotonic'])} after a release that passed")
+    return 0
+
+
+def cmd_regressions(args: argparse.Namespace) -> int:
+    rows = [[r.id, r.title, r.upstream, r.first_affected or "before 2.1.0", r.first_fixed or "-", ", ".join(r.patches)]
+            for r in REGRESSIONS.values()]
+    print(tabulate(rows, headers=["id", "title", "upstream", "first affected", "first fixed", "patches"]))
+    return 0
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    print(json.dumps(json_schema(), indent=1))
     return 0
 
 
@@ -110,26 +140,32 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    cases = generate(args.matrix, args.only, args.max_cases)
-    feasible = [c for c in cases if skip_reason(c) is None]
-    rows = []
-    for axis in AXES:
-        counts = Counter(getattr(c, axis) for c in cases)
-        runnable = Counter(getattr(c, axis) for c in feasible)
-        rows += [[axis, value, counts[value], runnable[value]] for value in AXES[axis] if counts[value]]
-    print(tabulate(rows, headers=["axis", "value", "cases", "runnable"]))
-    print(f"\n{len(cases)} cases per target, {len(feasible)} runnable, {len(cases) - len(feasible)} skipped with a reason")
+    for selection in generate(args.matrix, args.only, args.max_cases):
+        regression, cases = selection.regression, selection.cases
+        print(f"{regression.id}: {regression.title}")
+        rows = []
+        for axis in AXES:
+            counts = Counter(getattr(c, axis) for c in cases)
+            rows += [[axis, value, counts[value]] for value in AXES[axis] if counts[value]]
+        print(tabulate(rows, headers=["axis", "value", "cases"]))
+        predicted = Counter(p.rule.name if p.rule else "(unaffected)" for p in map(regression.predict, cases))
+        print()
+        print(tabulate(sorted(predicted.items()), headers=["rule", "cases it predicts affected"]))
+        print()
+        print(tabulate(selection.excluded.most_common(), headers=["excluded because", "combinations"]))
+        print(f"\n{len(cases)} valid cases per target; {sum(selection.excluded.values())} combinations excluded\n")
     return 0
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     selection = argparse.ArgumentParser(add_help=False)
-    selection.add_argument("--matrix", default="issue22", help=f"preset: {', '.join(PRESETS)}")
+    selection.add_argument("--matrix", default="issue22",
+                           help=f"a regression id, a preset or all: {', '.join(matrix_names())} (default issue22)")
     selection.add_argument("--only", action="append", metavar="AXIS=V[,V]", help="keep only these axis values")
     selection.add_argument("--max-cases", type=int, default=MAX_CASES_DEFAULT, help="refuse larger selections")
 
     p = sub.add_parser("run", parents=[common, selection], help="run a case matrix over targets")
-    p.add_argument("--targets", help=f"comma-separated specs (default {','.join(targets.DEFAULT_TARGETS)})")
+    p.add_argument("--targets", help="comma-separated specs (default: each regression's own default targets)")
     p.add_argument("--out", help="run dir (default runs/<matrix>)")
     p.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1), help="xdist workers per target")
     p.add_argument("--perf", action="store_true", help="also benchmark the matrix (as repro bench) into the reports")
@@ -146,11 +182,17 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("sweep", parents=[common, selection], help="run the matrix over every release in a range")
-    p.add_argument("--from", dest="from_version", default="2.8.0", help="oldest release (default 2.8.0)")
+    p.add_argument("--from", dest="from_version", default="2.1.0", help="oldest release (default 2.1.0)")
     p.add_argument("--to", dest="to_version", default="latest", help="newest release, or latest")
     p.add_argument("--out", help="run dir (default runs/sweep-<matrix>)")
     p.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel sessions")
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("regressions", help="list the regression catalogue")
+    p.set_defaults(func=cmd_regressions)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of run.json (repro.run/2)")
+    p.set_defaults(func=cmd_schema)
 
     p = sub.add_parser("devices", help="list devices with their status or the reason they are unavailable")
     p.set_defaults(func=cmd_devices)

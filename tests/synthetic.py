@@ -17,18 +17,18 @@ PIPELINES = ("fused_residual_rmsnorm", "fused_residual_rmsnorm_inplace", "residu
              "linear_bias_extra", "split_fuser", "residual_mlp")
 EXPOSING = {"fused_residual_rmsnorm", "fused_residual_rmsnorm_inplace", "residual_layernorm", "extra_output_only",
             "identity", "split_fuser", "residual_mlp"}
-AXES = {"pipeline": PIPELINES, "grad_mode": ("enabled", "no_grad", "inference_mode", "enable_grad_inside_no_grad"),
+AXES = {"client": ("ops",), "pipeline": PIPELINES, "grad_mode": ("enabled", "no_grad", "inference_mode", "enable_grad_inside_no_grad"),
         "input": ("leaf", "leaf_requires_grad", "non_leaf", "view", "detached"), "params": ("trainable", "frozen"),
         "recompute": ("none", "checkpoint_reentrant", "checkpoint_non_reentrant", "megatron"),
-        "sequence": ("single", "recompute_pattern"), "dtype": ("float32", "bfloat16"), "device": ("cpu",),
-        "grad_form": ("dense", "expanded")}
+        "sequence": ("single", "recompute_pattern"), "grad_form": ("dense", "expanded"),
+        "dtype": ("float32", "bfloat16"), "device": ("cpu",)}
 
 
 def issue22_sized_run(cases_per_target: int = 6400) -> dict[str, Any]:
     small = json.loads((FIXTURE2 / "run.json").read_text())
     by = {(r["target"], r["verdict"]): r for r in small["results"]}
     combos = [dict(zip(AXES, values)) for values in itertools.product(*AXES.values())
-              if values[1] == "enabled" or values[4] == "none"][:cases_per_target]
+              if values[2] == "enabled" or values[5] == "none"][:cases_per_target]
     results = []
     for spec in [t["spec"] for t in small["environment"]["targets"]]:
         for n, axes in enumerate(combos):

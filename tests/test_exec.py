@@ -16,8 +16,8 @@ from harness import targets
 from harness.targets import sources
 from tests.conftest import REPO, repro
 
-CRASH_CASE = "issue22:fused_residual_rmsnorm-no_grad-non_leaf-trainable-none-single-float32-cpu"
-SPLIT_CASE = "issue22:split_fuser-enabled-view-frozen-checkpoint_reentrant-single-float32-cpu"
+CRASH_CASE = "issue22:ops-fused_residual_rmsnorm-no_grad-non_leaf-trainable-none-single-dense-float32-cpu"
+SPLIT_CASE = "issue22:ops-split_fuser-enabled-view-frozen-checkpoint_reentrant-single-dense-float32-cpu"
 
 
 def exec_in(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -95,7 +95,7 @@ def test_show_standalone_needs_script() -> None:
 
 def test_standalone_megatron_recompute_through_exec(tmp_path: Path) -> None:
     """Megatron's own CheckpointFunction around te.ops: crashes on te-2.13.0, passes on te-2.16.0."""
-    script = standalone(tmp_path, "issue22:fused_residual_rmsnorm-enabled-non_leaf-trainable-megatron-single-float32-cpu")
+    script = standalone(tmp_path, "issue22:ops-fused_residual_rmsnorm-enabled-non_leaf-trainable-megatron-single-dense-float32-cpu")
     assert "megatron_random.checkpoint(model, False, *args)" in script.read_text()
     crashed = exec_in(tmp_path, "--target", "te-2.13.0", "--megatron", "--", sys.executable, str(script))
     assert crashed.returncode == 1 and "only change requires_grad flags of leaf variables" in crashed.stderr

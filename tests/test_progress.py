@@ -39,7 +39,7 @@ def run() -> dict[str, Any]:
 def test_off_a_terminal_one_line_per_interval() -> None:
     out, clock = io.StringIO(), FakeClock()
     progress = Progress({"te-2.13.0": 10, "te-2.16.0": 10}, tty=False, stream=out, interval_s=5, clock=clock)
-    assert out.getvalue().startswith("starting 2 target sessions")
+    assert out.getvalue().startswith("starting the target sessions")
     progress.update("te-2.13.0", 0, {})
     clock.now += 6
     progress.update("te-2.13.0", 0, {})

@@ -24,7 +24,8 @@ from typing import IO, Any
 
 import torch
 
-from cases.matrix import Case, generate, skip_reason
+from cases.case import Case
+from cases.matrix import common_exclusion, generate
 from harness import targets
 from harness.bench import stats as bench_stats
 from harness.errors import UsageError
@@ -74,16 +75,16 @@ TEST_SLOW_SECONDS_ENV = "REPRO_TEST_SLOW_SECONDS"
 
 
 def case_for(combo: dict[str, str]) -> Case:
-    """The matrix case a combination corresponds to, so skip_reason stays the one rule."""
+    """The matrix case a combination corresponds to, so common_exclusion stays the one rule."""
     mode = MODES[combo["mode"]]
-    return Case(combo["pipeline"], mode.grad_mode, mode.input, "trainable", mode.recompute, "single",
-                combo["dtype"], combo["device"])
+    return Case("issue22", "ops", combo["pipeline"], mode.grad_mode, mode.input, "trainable", mode.recompute,
+                "single", "dense", combo["dtype"], combo["device"])
 
 
 def combinations(matrix: str, only: list[str] | None, modes: list[str]) -> list[dict[str, str]]:
     """pipeline × dtype × device from the matrix (in its order), × the bench modes."""
     seen: dict[tuple[str, str, str], None] = {}
-    for case in generate(matrix, only):
+    for case in (c for selection in generate(matrix, only) for c in selection.cases):
         seen.setdefault((case.pipeline, case.dtype, case.device), None)
     return [{"pipeline": p, "dtype": d, "device": dev, "mode": m} for p, d, dev in seen for m in modes]
 
@@ -147,7 +148,7 @@ class Worker:
 
 
 def _static_reason(combo: dict[str, str], device_reasons: dict[str, str | None]) -> str | None:
-    reason = skip_reason(case_for(combo))
+    reason = common_exclusion(case_for(combo))
     if reason is None and device_reasons.get(combo["device"]):
         reason = f"device {combo['device']} unavailable: {device_reasons[combo['device']]}"
     return reason

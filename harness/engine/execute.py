@@ -1,4 +1,4 @@
-"""Run one case on a loaded target and on the unfused reference, and judge it.
+"""Observe one case: run it on a loaded target and on the unfused reference, and compare.
 
 Test and reference tensors are built from the same values (TE's
 make_reference_and_test_tensors). The reference runs under the same grad mode and the
@@ -15,18 +15,20 @@ from typing import Any
 
 import torch
 
-from cases import deviations, issue22
-from cases.matrix import Case
+from cases.axes import INPUTS_REQUIRING_GRAD
+from cases.case import Case
+from cases.deviations import split_known
 from cases.pipelines import HIDDEN, PIPELINES
+from cases.regressions import REGRESSIONS
 from harness.engine import checks
 from harness.engine.frames import error_record
-from harness.faults import inject_if_asked
+from harness.model import Outcome
 from harness.targets.loader import LoadedTarget
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OUTCOME_OF_CHECK = {
-    "completion": "crash", "outputs": "wrong_output", "output_requires_grad": "wrong_output",
-    "gradients": "wrong_grad", "caller_tensors": "side_effect",
+    "completion": Outcome.CRASH, "outputs": Outcome.WRONG_OUTPUT, "output_requires_grad": Outcome.WRONG_OUTPUT,
+    "gradients": Outcome.WRONG_GRAD, "caller_tensors": Outcome.SIDE_EFFECT,
 }
 _megatron_random: Any = None
 
@@ -76,7 +78,7 @@ def wrap(function: Callable[..., Any], recompute: str, device: str) -> Callable[
 
 def make_inputs(case: Case, values: torch.Tensor, residual: torch.Tensor) -> dict[str, torch.Tensor]:
     """The caller's tensors for one input kind: 'x' is what is passed, 'base' the leaf behind it."""
-    wants_grad = case.input in issue22.INPUTS_REQUIRING_GRAD
+    wants_grad = case.input in INPUTS_REQUIRING_GRAD
     tensors: dict[str, torch.Tensor] = {}
     if case.input == "leaf":
         tensors["x"] = values.clone()
@@ -111,8 +113,13 @@ def _calls(case: Case, function: Callable[..., Any], args: list[torch.Tensor]) -
         return [_as_tuple(wrapped(*args))]
 
 
-def _backward(outputs: tuple[torch.Tensor, ...], weights: list[torch.Tensor]) -> None:
-    loss = sum((o.float() * w).sum() for o, w in zip(outputs, weights) if o.requires_grad)
+def _backward(outputs: tuple[torch.Tensor, ...], weights: list[torch.Tensor], grad_form: str) -> None:
+    """A weighted loss gives every output a dense gradient; a plain sum gives each an
+    expanded (stride-0) one, as `(y + r).sum()` in a training script does."""
+    if grad_form == "expanded":
+        loss = sum(o.sum() for o in outputs if o.requires_grad)
+    else:
+        loss = sum((o.float() * w).sum() for o, w in zip(outputs, weights) if o.requires_grad)
     if isinstance(loss, torch.Tensor):
         loss.backward()
 
@@ -126,14 +133,20 @@ class Side:
 
     def run(self, weights_for: Callable[[tuple[torch.Tensor, ...]], list[torch.Tensor]]) -> None:
         self.before = {n: checks.snapshot(t) for n, t in self.tensors.items()}
+        self.after: dict[str, dict[str, Any]] | None = None
         args = [self.tensors["x"]] + ([self.tensors["residual"]] if "residual" in self.tensors else [])
-        self.outputs = _calls(self.case, self.function, args)
-        # Values as returned: an in-place op may alias a buffer that a later call changes.
-        self.output_values = [tuple(o.detach().clone() for o in call) for call in self.outputs]
-        self.after = {n: checks.snapshot(t) for n, t in self.tensors.items()}
-        last = self.outputs[-1]
-        if any(o.requires_grad for o in last):
-            _backward(last, weights_for(last))
+        try:
+            self.outputs = _calls(self.case, self.function, args)
+            # Values as returned: an in-place op may alias a buffer that a later call changes.
+            self.output_values = [tuple(o.detach().clone() for o in call) for call in self.outputs]
+            self.after = {n: checks.snapshot(t) for n, t in self.tensors.items()}
+            last = self.outputs[-1]
+            if any(o.requires_grad for o in last):
+                _backward(last, weights_for(last), self.case.grad_form)
+        finally:
+            # Also when the call raised: a side effect followed by a crash is recorded as both.
+            if self.after is None:
+                self.after = {n: checks.snapshot(t) for n, t in self.tensors.items()}
         leaves = {n: t for n, t in self.tensors.items() if n != "x" or t.is_leaf}
         self.grads = {n: t.grad for n, t in {**leaves, **self.params}.items()}
 
@@ -143,10 +156,15 @@ def build_module(case: Case, target: LoadedTarget) -> torch.nn.Module:
     return target.ops["Sequential"](*PIPELINES[case.pipeline].build(target.ops, kwargs))
 
 
+def missing_features(case: Case, target: LoadedTarget) -> list[str]:
+    """The op features the case's pipeline needs that the target's release lacks."""
+    return [f for f in PIPELINES[case.pipeline].requires if f not in target.features]
+
+
 def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
-    """Judge one case; returns the fields of its result record (without the verdict)."""
+    """Observe one case: the fields of its result record, without prediction or verdict."""
     started = time.perf_counter()
-    seed = zlib.crc32(case.case_id.encode())
+    seed = zlib.crc32(case.case_id.split(":", 1)[1].encode())
     torch.manual_seed(seed)
     dtype = DTYPES[case.dtype]
     module = build_module(case, target)
@@ -172,35 +190,41 @@ def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
     try:
         ref.run(weights_for)
     except Exception as exc:  # noqa: BLE001
-        return _record("harness_error", ["reference"], error_record(exc, None), started,
-                       note="the unfused reference itself failed")
+        return observation(Outcome.HARNESS_ERROR, {"reference": ["the unfused reference itself failed"]},
+                           error_record(exc, None), started, note="the unfused reference itself failed")
+    error = None
     try:
-        inject_if_asked(case.case_id)
         test.run(weights_for)
-    except Exception as exc:  # noqa: BLE001
-        return _record("crash", ["completion"], error_record(exc, target.te_dir), started)
+    except Exception as exc:  # noqa: BLE001 — the observation we exist to record
+        error = error_record(exc, target.te_dir)
 
     failed: dict[str, list[str]] = {}
-    for call, (actual, expected) in enumerate(zip(test.outputs, ref.outputs)):
-        label = f"call {call + 1}"
-        if f := checks.check_outputs(test.output_values[call], ref.output_values[call], label):
-            failed.setdefault("outputs", []).extend(f)
-        if f := checks.check_output_requires_grad(actual, expected, label):
-            failed.setdefault("output_requires_grad", []).extend(f)
-    if f := checks.check_gradients(test.grads, ref.grads):
-        failed["gradients"] = f
-    if f := checks.check_caller_tensors(test.before, test.after, ref.before, ref.after):
+    assert test.after is not None and ref.after is not None
+    if error is None:
+        for call, (actual, expected) in enumerate(zip(test.outputs, ref.outputs)):
+            label = f"call {call + 1}"
+            if f := checks.check_outputs(test.output_values[call], ref.output_values[call], label):
+                failed.setdefault("outputs", []).extend(f)
+            if f := checks.check_output_requires_grad(actual, expected, label):
+                failed.setdefault("output_requires_grad", []).extend(f)
+        if f := checks.check_gradients(test.grads, ref.grads):
+            failed["gradients"] = f
+    if f := checks.check_caller_tensors(test.before, test.after, ref.before, ref.after, flags_only=error is not None):
         failed["caller_tensors"] = f
-    failed, known = deviations.split_known(case, failed)
-    outcome = next((OUTCOME_OF_CHECK[c] for c in OUTCOME_OF_CHECK if c in failed), "pass")
-    record = _record(outcome, list(failed), None, started, details=failed)
+    failed, known = split_known(case, REGRESSIONS[case.regression].deviations, failed)
+    if error is not None:
+        failed = {"completion": [f"{error['type']}: {error['message'].splitlines()[0] if error['message'] else ''}"],
+                  **failed}
+    outcome = next((OUTCOME_OF_CHECK[c] for c in OUTCOME_OF_CHECK if c in failed), Outcome.PASS)
+    record = observation(outcome, failed, error, started)
     record["known_deviations"] = known
     return record
 
 
-def _record(outcome: str, failed_checks: list[str], error: dict[str, Any] | None, started: float,
-            details: dict[str, list[str]] | None = None, note: str | None = None) -> dict[str, Any]:
+def observation(outcome: Outcome, failed: dict[str, list[str]], error: dict[str, Any] | None, started: float,
+                note: str | None = None) -> dict[str, Any]:
     return {
-        "outcome": outcome, "failed_checks": failed_checks, "error": error,
-        "details": details or {}, "known_deviations": [], "note": note, "duration_s": round(time.perf_counter() - started, 6),
+        "outcome": outcome.value, "failed_checks": list(failed), "error": error, "details": failed,
+        "side_effects": failed.get("caller_tensors", []), "known_deviations": [], "note": note,
+        "duration_s": round(time.perf_counter() - started, 6),
     }

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 
 from cases.axes import AXES
-from cases.matrix import Case
+from cases.case import Case
 from harness.errors import UsageError
 from harness.targets import parse_spec
 
@@ -38,34 +38,28 @@ TARGET = __TARGET__
 
 
 def main() -> int:
-    from cases import issue22
-    from cases.matrix import skip_reason
-    from harness.runner import records
-    from harness.targets import sources
+    from cases.case import Case
+    from cases.matrix import common_exclusion
+    from cases.regressions import REGRESSIONS
     from harness import targets
-
-    from harness.engine.script import parse_case_id
-
-    case = parse_case_id(CASE_ID)
-    reason = skip_reason(case)
-    if reason:
-        print(f"case {CASE_ID} on {TARGET}: skipped ({reason})")
-        return 0
-    if case.recompute == "megatron":
-        # Before the target: importing megatron probes `import transformer_engine`.
-        from harness.engine.execute import import_megatron
-
-        import_megatron(case.device)
-    from harness.engine.execute import run_case
+    from harness.runner import records
+    from harness.runner.roles import role_of
+    from harness.targets import sources
     from harness.targets.loader import load
 
+    case = Case.from_id(CASE_ID)
+    regression = REGRESSIONS[case.regression]
+    reason = common_exclusion(case) or regression.exclude(case)
+    if reason:
+        print(f"case {CASE_ID} is not a valid case ({reason})")
+        return 0
     prepared = targets.prepare(TARGET, sources.cache_dir())
-    result = run_case(case, load(prepared))
-    prediction = issue22.predict(case)
-    verdict = issue22.verdict(prediction.expected, result["outcome"], records.target_has_fix(prepared))
+    role, why = role_of(regression, prepared)
+    result = records.judge(case, TARGET, load(prepared), role)
     print(f"case {CASE_ID} on {TARGET} (fuser.py {prepared.fuser_sha}, patch {prepared.patch_status})")
-    print(f"outcome: {result['outcome']}   verdict: {verdict}   oracle: {prediction.expected}"
-          f" ({prediction.reason})")
+    print(f"role: {role} ({why})")
+    print(f"outcome: {result['outcome']}   verdict: {result['verdict']} ({result['verdict_reason']})")
+    print(f"predicted: {result['predicted'] or 'no failure'}")
     error = result["error"]
     if error:
         print(f"error: {error['type']} at {error['location'] or '(no TE frame)'}: {error['message']}")
@@ -84,15 +78,22 @@ if __name__ == "__main__":
 
 
 def parse_case_id(case_id: str) -> Case:
-    """The Case a case id names (with or without its `regression:` prefix); UsageError (one line) otherwise."""
-    parts = case_id.partition(":")[2].split("-") if ":" in case_id else case_id.split("-")
-    if len(parts) != len(AXES):
-        raise UsageError(f"bad case id {case_id!r}: expected {len(AXES)} values joined by '-' "
-                         f"({'-'.join(AXES)})")
-    for (axis, values), value in zip(AXES.items(), parts):
-        if value not in values:
-            raise UsageError(f"bad case id {case_id!r}: unknown {axis} {value!r}; valid: {', '.join(values)}")
-    return Case(*parts)
+    """The Case a case id names; UsageError (one line) for anything else."""
+    from cases.regressions import REGRESSIONS
+
+    form = f"REGRESSION:{'-'.join(AXES)}"
+    try:
+        case = Case.from_id(case_id)
+    except ValueError:
+        raise UsageError(f"bad case id {case_id!r}: expected {form}") from None
+    if case.regression not in REGRESSIONS:
+        raise UsageError(f"bad case id {case_id!r}: unknown regression {case.regression!r}; "
+                         f"valid: {', '.join(REGRESSIONS)}")
+    for axis, values in AXES.items():
+        if getattr(case, axis) not in values:
+            raise UsageError(f"bad case id {case_id!r}: unknown {axis} {getattr(case, axis)!r}; "
+                             f"valid: {', '.join(values)}")
+    return case
 
 
 def _literal(text: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from cases.matrix import Case
+from cases.case import Case
 from cases.pipelines import HIDDEN, PIPELINES
 
 GRAD_MODES = {"enabled": "torch.enable_grad()", "no_grad": "torch.no_grad()",

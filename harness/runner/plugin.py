@@ -25,6 +25,13 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--repro-target", help="PreparedTarget JSON")
     group.addoption("--repro-jsonl", help="where to append result records")
     group.addoption("--repro-description", help="where to write the loaded target's description")
+    group.addoption("--repro-roles", default="{}", help="JSON {regression id: the target's role}")
+
+
+def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
+    from harness.runner import hookspecs
+
+    pluginmanager.add_hookspecs(hookspecs)
 
 
 def append_records(path: Path, records: list[dict[str, Any]]) -> None:
@@ -70,13 +77,19 @@ def _target(config: pytest.Config, needs_megatron: bool) -> Any:
 
 class CaseFile(pytest.File):
     def collect(self):  # type: ignore[no-untyped-def]
-        from cases.matrix import Case
+        from cases.case import Case
 
         payload = json.loads(self.path.read_text())
         needs_megatron = any(c["recompute"] == "megatron" for c in payload["cases"])
-        for case in payload["cases"]:
-            yield CaseItem.from_parent(self, name=Case(**case).case_id, case=Case(**case),
-                                       needs_megatron=needs_megatron)
+        for fields in payload["cases"]:
+            case = Case(**fields)
+            yield CaseItem.from_parent(self, name=case.case_id, case=case, needs_megatron=needs_megatron)
+
+
+def _role(config: pytest.Config, regression: str) -> Any:
+    from harness.model import Role
+
+    return Role(json.loads(config.getoption("--repro-roles")).get(regression, "unknown"))
 
 
 class CaseItem(pytest.Item):
@@ -89,7 +102,8 @@ class CaseItem(pytest.Item):
 
         target = _target(self.config, self.needs_megatron)
         spec = json.loads(self.config.getoption("--repro-target"))["spec"]
-        record = judge(self.case, spec, target, _state.get("megatron_error"))
+        self.config.hook.pytest_repro_case_started(case_id=self.case.case_id)
+        record = judge(self.case, spec, target, _role(self.config, self.case.regression), _state.get("megatron_error"))
         append_record(Path(self.config.getoption("--repro-jsonl")), record)
         if record["outcome"] == "harness_error":
             raise AssertionError(record["error"]["message"] if record["error"] else record["note"])
@@ -121,6 +135,10 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         why = "per-case timeout"
     else:
         return
+    from cases.case import Case
     from harness.runner.records import lost_case_record
 
-    append_record(Path(config.getoption("--repro-jsonl")), lost_case_record(report.nodeid, why, text))
+    case_id = report.nodeid.rsplit("::", 1)[1]
+    spec = json.loads(config.getoption("--repro-target"))["spec"]
+    role = _role(config, Case.from_id(case_id).regression)
+    append_record(Path(config.getoption("--repro-jsonl")), lost_case_record(case_id, spec, role, why, text))

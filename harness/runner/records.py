@@ -1,103 +1,74 @@
-"""Result records: one per (case, target), as streamed to results.jsonl and kept in run.json."""
+"""Result records: one per (case, target), as streamed to results.jsonl and kept in run.json.
+
+A record is the observation (from the engine), the prediction (from the case's
+regression) and the verdict (their comparison, given the target's role), in the shape
+of `harness.model.CaseResult`.
+"""
 
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any
 
-from cases import issue22
-from cases.matrix import Case
+from cases.case import Case
+from cases.regressions import REGRESSIONS
 from harness.errors import TargetLoadError
-from harness.targets.patching import load_patch
+from harness.model import SCHEMA, Outcome, Role
+from harness.runner.verdicts import verdict
 
-SCHEMA = "repro.run/1"
-
-
-def target_has_fix(prepared: Any) -> bool:
-    """Whether the target's fuser source carries issue 22's fix: patched by us, or
-    recognised by the marker the backport declares (as upstream's 2.16.0 fix is)."""
-    if prepared.patch_status in ("applied", "already-applied"):
-        return True
-    patch = load_patch("backport")
-    fuser = Path(prepared.root or "") / patch.marker_file if prepared.root and patch.marker_file else None
-    return bool(fuser and fuser.is_file() and re.search(patch.marker_pattern or "", fuser.read_text()))
+__all__ = ["SCHEMA", "judge", "lost_case_record", "read_jsonl"]
 
 
-def base_record(case: Case, target_spec: str) -> dict[str, Any]:
-    prediction = issue22.predict(case)
-    return {"case_id": case.case_id, "target": target_spec, **case.as_dict(),
-            "expected": prediction.expected, "predicted_effect": prediction.effect}
+def finish(case: Case, spec: str, role: Role, observed: dict[str, Any]) -> dict[str, Any]:
+    """The full record: the case's axes, the observation, the prediction and the verdict."""
+    prediction = REGRESSIONS[case.regression].predict(case)
+    judged, reason = verdict(prediction, observed, role)
+    return {
+        "case_id": case.case_id, "target": spec, **case.as_dict(), **observed,
+        "expected": prediction.expected,
+        "predicted": prediction.rule.symptom.description if prediction.rule else None,
+        "rule": prediction.rule.name if prediction.rule else None,
+        "role": role.value, "verdict": judged.value, "verdict_reason": reason,
+    }
 
 
-def finish(record: dict[str, Any], has_fix: bool) -> dict[str, Any]:
-    record["verdict"] = issue22.verdict(record["expected"], record["outcome"], has_fix)
-    return record
+def _not_run(outcome: Outcome, check: str, note: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"outcome": outcome.value, "failed_checks": [check] if outcome is Outcome.HARNESS_ERROR else [],
+            "details": {}, "error": error, "side_effects": [], "known_deviations": [], "note": note, "duration_s": 0.0}
 
 
-def skipped_record(case: Case, target_spec: str, reason: str) -> dict[str, Any]:
-    record = base_record(case, target_spec)
-    record.update(outcome="skipped", failed_checks=[], error=None, details={}, known_deviations=[],
-                  note=reason, duration_s=0.0)
-    return finish(record, False)
-
-
-def judge(case: Case, spec: str, target: Any, megatron_error: str | None) -> dict[str, Any]:
+def judge(case: Case, spec: str, target: Any, role: Role, megatron_error: str | None = None) -> dict[str, Any]:
     """Run one case on a loaded target (or record why it cannot run), filed under `spec`
     even when the target never loaded, so its results are counted, never lost."""
-    from harness.engine.execute import run_case
+    from harness.engine.execute import missing_features, run_case
 
     if isinstance(target, TargetLoadError):
-        record = base_record(case, spec)
-        record.update(outcome="harness_error", failed_checks=["load"], error=None, details={},
-                      known_deviations=[], note=str(target), duration_s=0.0)
-        return finish(record, False)
+        return finish(case, spec, role, _not_run(Outcome.HARNESS_ERROR, "load", str(target)))
     if case.recompute == "megatron" and megatron_error:
-        return skipped_record(case, spec, megatron_error)
+        return finish(case, spec, role, _not_run(Outcome.HARNESS_ERROR, "megatron", megatron_error))
     from cases.pipelines import PIPELINES, ops_used
 
     missing = [op for op in target.missing_ops if op in ops_used(PIPELINES[case.pipeline])]
-    if missing:
-        return skipped_record(case, spec, f"target lacks {', '.join(missing)}: {target.missing_ops[missing[0]]}")
-    record = base_record(case, spec)
+    lacking = missing_features(case, target)
+    if missing or lacking:
+        why = (f"not applicable on this release: {spec} lacks {', '.join(missing + lacking)}"
+               + (f" ({target.missing_ops[missing[0]]})" if missing else ""))
+        return finish(case, spec, role, _not_run(Outcome.NOT_APPLICABLE, "applicability", why))
     try:
-        record.update(run_case(case, target))
+        observed = run_case(case, target)
     except Exception as exc:  # noqa: BLE001 — a failure of the harness itself, never a pass
-        record.update(outcome="harness_error", failed_checks=["harness"], error={"type": type(exc).__name__,
-                      "message": str(exc), "location": None}, details={}, known_deviations=[],
-                      note="the harness failed building or judging the case", duration_s=0.0)
-    return finish(record, _has_fix_cached(target))
+        observed = _not_run(Outcome.HARNESS_ERROR, "harness", "the harness failed building or judging the case",
+                            {"type": type(exc).__name__, "message": str(exc), "location": None})
+    return finish(case, spec, role, observed)
 
 
-_fix_cache: dict[str, bool] = {}
-
-
-def _has_fix_cached(target: Any) -> bool:
-    spec = target.prepared.spec
-    if spec not in _fix_cache:
-        _fix_cache[spec] = target_has_fix(target.prepared)
-    return _fix_cache[spec]
-
-
-def lost_case_record(nodeid: str, why: str, text: str) -> dict[str, Any]:
+def lost_case_record(case_id: str, spec: str, role: Role, why: str, text: str) -> dict[str, Any]:
     """The record for a case that never wrote its own: its worker died, or it hung."""
-    case = Case(*nodeid.rsplit("::", 1)[1].split("-"))
-    from harness.targets import PreparedTarget
-
-    prepared = PreparedTarget.from_json(_prepared_json_from_config() or "{}")
-    record = base_record(case, prepared.spec)
-    record.update(outcome="crash", failed_checks=["completion"], details={}, known_deviations=[],
-                  error={"type": "WorkerDied" if why == "worker died" else "Timeout", "message": why,
-                         "location": None, "traceback": text[-4000:]}, note=why, duration_s=0.0)
-    return finish(record, target_has_fix(prepared))
-
-
-def _prepared_json_from_config() -> str:
-    from harness.runner.plugin import _state
-
-    config = _state.get("config")
-    return config.getoption("--repro-target") if config is not None else "{}"
+    error = {"type": "WorkerDied" if why == "worker died" else "Timeout", "message": why, "location": None,
+             "traceback": text[-4000:]}
+    observed = {**_not_run(Outcome.CRASH, "completion", why, error), "failed_checks": ["completion"]}
+    return finish(Case.from_id(case_id), spec, role, observed)
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
@@ -106,11 +77,16 @@ def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     problems: list[str] = []
     if not path.is_file():
         return records, problems
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(path.read_bytes().decode(errors="replace").splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            record = json.loads(line)
         except json.JSONDecodeError as exc:
             problems.append(f"{path.name} line {number}: corrupt record skipped ({exc.msg})")
+            continue
+        if not isinstance(record, dict) or not {"case_id", "target", "verdict"} <= record.keys():
+            problems.append(f"{path.name} line {number}: not a result record, skipped")
+            continue
+        records.append(record)
     return records, problems

@@ -13,16 +13,21 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from cases.matrix import Case, generate, skip_reason
+from cases.case import Case
+from cases.matrix import Selection, generate
+from cases.regression import Regression
 from harness import targets
 from harness.errors import UsageError
+from harness.model import BAD_VERDICTS, SCHEMA, Role, Run
 from harness.runner import records
-from harness.runner.plugin import append_records
+from harness.runner.headlines import headlines
+from harness.runner.roles import role_of
 
 CASE_TIMEOUT_S = 120
 LARGE_SESSION = 4000  # runnable cases per target above which one session gets every worker
@@ -37,14 +42,21 @@ def check_out_dir(out_dir: Path) -> None:
         raise UsageError(f"output dir {out_dir} is not writable ({exc.strerror}); pass a writable --out") from None
 
 
-def environment(prepared: list[targets.PreparedTarget], descriptions: dict[str, str]) -> dict[str, Any]:
+def environment_info(prepared: list[targets.PreparedTarget], descriptions: dict[str, str],
+                     roles: dict[str, dict[str, tuple[Role, str]]]) -> dict[str, Any]:
     return {
         "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
         "machine": platform.node(),
-        "targets": [{"spec": p.spec, "version": p.version, "fuser_sha": p.fuser_sha, "patch": p.patch,
-                     "patch_status": p.patch_status, "patch_detail": p.patch_detail, "backend": p.backend,
-                     "source": p.source, "description": descriptions.get(p.spec, "")} for p in prepared],
+        "targets": [{**asdict(p), "description": descriptions.get(p.spec, ""),
+                     "roles": {rid: role.value for rid, (role, _) in roles[p.spec].items()},
+                     "role_reasons": {rid: why for rid, (_, why) in roles[p.spec].items()}} for p in prepared],
     }
+
+
+def regression_info(regression: Regression) -> dict[str, Any]:
+    return {"id": regression.id, "title": regression.title, "upstream": regression.upstream,
+            "first_affected": regression.first_affected, "first_fixed": regression.first_fixed,
+            "patches": list(regression.patches)}
 
 
 class ProgressReader:
@@ -69,7 +81,7 @@ class ProgressReader:
             if match:
                 spec = match.group(1)
                 self.done[spec] = self.done.get(spec, 0) + 1
-                bad = '"outcome": "pass"' not in line and '"outcome": "skipped"' not in line
+                bad = any(f'"verdict": "{v}"' in line for v in BAD_VERDICTS)
                 self.failing[spec] = self.failing.get(spec, 0) + bad
                 if verdict := re.search(r'"verdict": "([^"]*)"', line):
                     counts = self.verdicts.setdefault(spec, {})
@@ -85,8 +97,8 @@ def _read_description(out_dir: Path, target: targets.PreparedTarget) -> str:
     return path.read_text() if path.is_file() else ""
 
 
-def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir: Path, jsonl: Path,
-                   workers: int, case_timeout: float) -> subprocess.Popen[bytes]:
+def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: dict[str, str], out_dir: Path,
+                   jsonl: Path, workers: int, case_timeout: float) -> subprocess.Popen[bytes]:
     """One pytest session for one target; its cases spread over `workers` xdist workers."""
     safe = session_name(prepared.spec)
     case_dir = out_dir / "sessions"
@@ -100,7 +112,8 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir:
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
                "-p", "xdist.plugin", "-p", "pytest_timeout", "-p", "harness.runner.plugin", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
                f"--timeout={case_timeout}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
-               f"--repro-description={case_dir / f'{safe}.description'}", str(case_file)]
+               f"--repro-description={case_dir / f'{safe}.description'}", f"--repro-roles={json.dumps(roles)}",
+               str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
     command += ["-n", str(max(1, workers))]
@@ -110,32 +123,32 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
 
 
-def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case]]], out_dir: Path, jsonl: Path, workers: int,
+def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]], out_dir: Path, jsonl: Path, workers: int,
                   progress: Callable[[str], None], case_timeout: float) -> None:
     """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
     seconds, so for ordinary selections the sessions run side by side, one worker each;
     a session too large for that gets all the workers, one session at a time."""
-    large = any(len(cases) > LARGE_SESSION for _, cases in plan)
+    large = any(len(cases) > LARGE_SESSION for _, cases, _ in plan)
     concurrent, per_session = (1, workers) if large else (max(1, workers), 1)
     reader, pending, last = ProgressReader(jsonl), list(plan), ""
     running: list[subprocess.Popen[bytes]] = []
     reader.poll()
     baseline = dict(reader.done)
-    totals = {t.spec: len(cases) for t, cases in plan}
+    totals = {t.spec: len(cases) for t, cases, _ in plan}
     try:
         while pending or running:
             while pending and len(running) < concurrent:
-                target, cases = pending.pop(0)
-                running.append(_start_session(target, cases, out_dir, jsonl, per_session, case_timeout))
+                target, cases, roles = pending.pop(0)
+                running.append(_start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout))
             time.sleep(0.5)
             running = [p for p in running if p.poll() is None]
             reader.poll()
             if update := getattr(progress, "update", None):  # a live display (repro.progress.Progress)
-                for spec in totals:
-                    update(spec, reader.done.get(spec, 0) - baseline.get(spec, 0), reader.verdicts.get(spec, {}))
+                for spec, total in totals.items():
+                    update(spec, reader.done.get(spec, 0) - baseline.get(spec, 0), reader.verdicts.get(spec, {}), total)
                 continue
             line = "  " + "; ".join(f"{spec} {reader.done.get(spec, 0) - baseline.get(spec, 0)}/{total}"
-                                    f" ({reader.failing.get(spec, 0)} not passing)" for spec, total in totals.items())
+                                    f" ({reader.failing.get(spec, 0)} bad verdicts)" for spec, total in totals.items())
             if line != last:  # report changes only: steady progress, not noise
                 progress(line)
                 last = line
@@ -155,49 +168,78 @@ def _raise_interrupted(signum: int, _frame: Any) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
-def run_matrix(matrix: str, only: list[str] | None, specs: list[str], out_dir: Path, workers: int, cache: Path,
+def plan_targets(selections: list[Selection], specs: list[str] | None) -> dict[str, list[Selection]]:
+    """Which regressions' cases each target runs: every selection on the given specs, or
+    each regression on its own default targets. Duplicate specs are refused."""
+    if specs is not None and len(set(specs)) != len(specs):
+        duplicated = sorted({s for s in specs if specs.count(s) > 1})
+        raise UsageError(f"target {duplicated[0]} is given twice; name each target once")
+    plan: dict[str, list[Selection]] = {}
+    for selection in selections:
+        for spec in specs if specs is not None else selection.regression.default_targets:
+            plan.setdefault(spec, []).append(selection)
+    return plan
+
+
+def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out_dir: Path, workers: int, cache: Path,
                offline: bool = False, max_cases: int | None = None,
-               progress: Callable[[str], None] = print, case_timeout: float = CASE_TIMEOUT_S) -> dict[str, Any]:
-    cases = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}))
+               progress: Callable[[str], None] = print, case_timeout: float = CASE_TIMEOUT_S,
+               role_override: Role | None = None) -> dict[str, Any]:
+    """Run a matrix; `role_override` judges every target with one role (the sweep's unknown)."""
+    selections = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}))
+    by_target = plan_targets(selections, specs)
     check_out_dir(out_dir)
-    prepared = [targets.prepare(spec, cache, offline) for spec in specs]
+    prepared = {spec: targets.prepare(spec, cache, offline) for spec in by_target}
+    roles = {spec: {s.regression.id: (role_override, "given by the caller") if role_override
+                    else role_of(s.regression, prepared[spec]) for s in chosen}
+             for spec, chosen in by_target.items()}
+    from harness.targets.devices import unavailable_reasons
+
+    devices = {c.device for s in selections for c in s.cases}
+    device_reasons = unavailable_reasons() if devices - {"cpu"} else {"cpu": None}
+    excluded = {s.regression.id: dict(s.excluded) for s in selections}
+    runnable: dict[str, list[Case]] = {s.regression.id: [] for s in selections}
+    for selection in selections:
+        for case in selection.cases:
+            reason = device_reasons.get(case.device)
+            if reason:
+                key = f"device {case.device} unavailable: {reason}"
+                excluded[selection.regression.id][key] = excluded[selection.regression.id].get(key, 0) + 1
+            else:
+                runnable[selection.regression.id].append(case)
+    plan = [(prepared[spec], [c for s in chosen for c in runnable[s.regression.id]],
+             {rid: role.value for rid, (role, _) in roles[spec].items()}) for spec, chosen in by_target.items()]
     jsonl = out_dir / "results.jsonl"
     jsonl.unlink(missing_ok=True)
     (out_dir / "run.json").unlink(missing_ok=True)
-    # Written first, so a run that dies can still say how many results it is missing.
+    # Written first, so a run that dies can still say which results it is missing.
+    expected_keys = [[target.spec, case.case_id] for target, cases, _ in plan for case in cases]
     (out_dir / "run-meta.json").write_text(json.dumps({
-        "matrix": matrix, "only": only or [], "targets": specs, "expected_results": len(cases) * len(prepared)}))
-    from harness.targets.devices import unavailable_reasons
-
-    device_reasons = unavailable_reasons() if any(c.device != "cpu" for c in cases) else {"cpu": None}
-    plan = []
-    for target in prepared:
-        runnable, skipped = [], []
-        for case in cases:
-            reason = skip_reason(case) or (device_reasons.get(case.device) and
-                                           f"device {case.device} unavailable: {device_reasons[case.device]}")
-            if reason:
-                skipped.append(records.skipped_record(case, target.spec, reason))
-            else:
-                runnable.append(case)
-        append_records(jsonl, skipped)
-        progress(f"{target.spec}: {len(runnable)} cases to run, {len(skipped)} skipped with a reason")
-        plan.append((target, runnable))
+        "matrix": matrix, "only": only or [], "targets": list(by_target), "expected_results": len(expected_keys),
+        "expected_keys": expected_keys}))
+    for target, cases, target_roles in plan:
+        progress(f"{target.spec}: {len(cases)} cases to run ({', '.join(f'{r} {v}' for r, v in target_roles.items())})")
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
         _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout)
     finally:
         signal.signal(signal.SIGTERM, previous)
-    descriptions = {target.spec: _read_description(out_dir, target) for target in prepared}
-    return assemble(out_dir, matrix, cases, prepared, descriptions)
+    descriptions = {spec: _read_description(out_dir, target) for spec, target in prepared.items()}
+    return assemble(out_dir, matrix, selections, plan, roles, excluded, descriptions)
 
 
-def assemble(out_dir: Path, matrix: str, cases: list[Case], prepared: list[targets.PreparedTarget],
+def assemble(out_dir: Path, matrix: str, selections: list[Selection],
+             plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]],
+             roles: dict[str, dict[str, tuple[Role, str]]], excluded: dict[str, dict[str, int]],
              descriptions: dict[str, str]) -> dict[str, Any]:
     found, problems = records.read_jsonl(out_dir / "results.jsonl")
     by_key = {(r["target"], r["case_id"]): r for r in found}
-    results = [by_key[(t.spec, c.case_id)] for t in prepared for c in cases if (t.spec, c.case_id) in by_key]
-    expected = len(cases) * len(prepared)
-    return {"schema": records.SCHEMA, "matrix": matrix, "environment": environment(prepared, descriptions),
-            "complete": len(results) == expected, "missing": expected - len(results),
-            "problems": problems, "results": results}
+    results = [by_key[(t.spec, c.case_id)] for t, cases, _ in plan for c in cases if (t.spec, c.case_id) in by_key]
+    expected = sum(len(cases) for _, cases, _ in plan)
+    environment = environment_info([t for t, _, _ in plan], descriptions, roles)
+    run = {"schema": SCHEMA, "matrix": matrix, "environment": environment,
+           "complete": len(results) == expected, "missing": expected - len(results), "problems": problems,
+           "regressions": [regression_info(s.regression) for s in selections], "excluded": excluded,
+           "results": results}
+    run["headlines"] = headlines(run)
+    return Run.model_validate(run).model_dump(mode="json", by_alias=True)

@@ -1,5 +1,12 @@
-"""Release sweep: run a matrix over every transformer-engine release in a range, unpatched,
-and find the first release from which every affected case passes."""
+"""Release sweep: one regression's matrix over every transformer-engine release in a range,
+unpatched and judged with the role `unknown`, so each release is described by what was
+observed: affected cases that showed the predicted symptom, failed otherwise, or passed.
+
+From the rows: the first affected release (the first that reproduces; "before FIRST"
+when the oldest swept release already does) and the first fixed release (the first
+release after the last affected one, when every loadable release from there passes).
+A release that reproduces after one that passed is named, not averaged away.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +17,11 @@ from typing import Any
 from packaging.version import InvalidVersion, Version
 
 from harness.errors import UsageError
+from harness.model import Outcome, Role, Verdict
 from harness.runner.sessions import run_matrix
 from harness.targets import sources
+
+DEFAULT_FROM = "2.1.0"
 
 
 def releases_in_range(available: list[str], start: str | None, end: str | None) -> list[str]:
@@ -31,41 +41,67 @@ def releases_in_range(available: list[str], start: str | None, end: str | None) 
 
 def release_row(version: str, results: list[dict[str, Any]]) -> dict[str, Any]:
     mine = [r for r in results if r["target"] == f"te-{version}"]
-    load_errors = [r for r in mine if r["outcome"] == "harness_error" and "load" in r["failed_checks"]]
-    affected = [r for r in mine if r["expected"] == "affected" and r["outcome"] != "skipped"]
-    failing = [r for r in affected if r["outcome"] != "pass"]
-    others = [r for r in mine if r["expected"] == "unaffected" and r["outcome"] not in ("pass", "skipped")]
+    load_errors = [r for r in mine if r["outcome"] == Outcome.HARNESS_ERROR and "load" in r["failed_checks"]]
+    ran = [r for r in mine if r["outcome"] not in (Outcome.NOT_APPLICABLE, Outcome.HARNESS_ERROR)]
+    affected = [r for r in ran if r["expected"] == "affected"]
+    reproduced = sum(r["verdict"] == Verdict.REPRODUCED for r in affected)
+    passed = sum(r["outcome"] == Outcome.PASS for r in affected)
+    others = sum(r["expected"] != "affected" and r["outcome"] != Outcome.PASS for r in ran)
     if load_errors:
-        verdict = "not loadable"
-    elif failing:
-        verdict = "affected"
-    elif others:
-        verdict = "other failures"
+        state = "not loadable"
+    elif reproduced:
+        state = "affected"
+    elif not affected:
+        state = "nothing ran"
+    elif passed == len(affected):
+        state = "fixed"
     else:
-        verdict = "fixed"
-    return {"release": version, "affected_failing": len(failing), "affected": len(affected),
-            "other_failures": len(others), "verdict": verdict,
-            "reason": load_errors[0]["note"] if load_errors else ""}
+        state = "other failures"
+    return {"release": version, "affected": len(affected), "reproduced": reproduced,
+            "failed_otherwise": len(affected) - reproduced - passed, "passed": passed,
+            "unaffected_failing": others, "not_applicable": sum(r["outcome"] == Outcome.NOT_APPLICABLE for r in mine),
+            "state": state, "reason": load_errors[0]["note"] if load_errors else ""}
+
+
+def first_affected(rows: list[dict[str, Any]]) -> str | None:
+    """The first release that reproduces; 'before X' when the oldest swept release X does."""
+    judged = [r for r in rows if r["state"] not in ("not loadable", "nothing ran")]
+    for index, row in enumerate(judged):
+        if row["state"] == "affected":
+            return f"before {row['release']}" if index == 0 else row["release"]
+    return None
 
 
 def first_fixed(rows: list[dict[str, Any]]) -> str | None:
-    """The earliest release after the last affected one, from which every loadable release is fixed."""
-    last_affected = max((i for i, r in enumerate(rows) if r["verdict"] == "affected"), default=None)
-    if last_affected is None:
+    """The earliest release after the last affected one, from which every judged release is fixed."""
+    last = max((i for i, r in enumerate(rows) if r["state"] == "affected"), default=None)
+    if last is None:
         return None
-    later = [r for r in rows[last_affected + 1:] if r["verdict"] != "not loadable"]
-    if later and all(r["verdict"] == "fixed" for r in later):
+    later = [r for r in rows[last + 1:] if r["state"] not in ("not loadable", "nothing ran")]
+    if later and all(r["state"] == "fixed" for r in later):
         return later[0]["release"]
     return None
+
+
+def not_monotonic(rows: list[dict[str, Any]]) -> list[str]:
+    """Releases that reproduce after an earlier release passed: a fix that came and went."""
+    seen_fixed, found = False, []
+    for row in rows:
+        if row["state"] == "fixed":
+            seen_fixed = True
+        elif row["state"] == "affected" and seen_fixed:
+            found.append(row["release"])
+    return found
 
 
 def sweep(matrix: str, only: list[str] | None, start: str | None, end: str | None, out_dir: Path, workers: int,
           cache: Path, offline: bool, progress: Callable[[str], None]) -> dict[str, Any]:
     available = sources.index_versions() if not offline else [
         p.name.split("-")[1] for p in (cache / "wheels").glob("transformer_engine-*.whl")]
-    versions = releases_in_range(available, start, end)
+    versions = releases_in_range(available, start or DEFAULT_FROM, end)
     progress(f"sweeping {len(versions)} releases: {', '.join(versions)}")
-    specs = [f"te-{v}" for v in versions]
-    run = run_matrix(matrix, only, specs, out_dir, workers, cache, offline, progress=progress)
+    run = run_matrix(matrix, only, [f"te-{v}" for v in versions], out_dir, workers, cache, offline,
+                     progress=progress, role_override=Role.UNKNOWN)
     rows = [release_row(v, run["results"]) for v in versions]
-    return {"rows": rows, "first_fixed": first_fixed(rows), "run": run}
+    return {"rows": rows, "first_affected": first_affected(rows), "first_fixed": first_fixed(rows),
+            "not_monotonic": not_monotonic(rows), "run": run}

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.machinery
+import inspect
 import sys
 import types
 from dataclasses import dataclass, field
@@ -50,6 +51,7 @@ class LoadedTarget:
     backend_ops: list[str]
     missing_ops: dict[str, str] = field(default_factory=dict)  # op name -> why it is absent
     te_dir: Path | None = None
+    features: frozenset[str] = frozenset()  # op features of this release (see `op_features`)
 
     @property
     def description(self) -> str:
@@ -88,6 +90,22 @@ def _import(target: str, name: str) -> types.ModuleType:
         raise TargetLoadError(f"target {target}: importing {name} failed: {exc}") from None
 
 
+def op_features(ops: dict[str, Any]) -> frozenset[str]:
+    """What the release's own classes can do, read off them (not off a version number,
+    so a fork that backports a feature has it):
+    - in_place_kwarg: the extra-tensor ops take `in_place` (2.7 on; before, AddInPlace was
+      in place by design and MakeExtraOutput accumulated in place);
+    - extra_tensors_across_groups: Sequential passes extra inputs and outputs between
+      fuser groups (2.7 on)."""
+    found = set()
+    make_extra_output = ops.get("MakeExtraOutput")
+    if make_extra_output is not None and "in_place" in inspect.signature(make_extra_output.__init__).parameters:
+        found.add("in_place_kwarg")
+    if "num_extra_inputs" in inspect.getsource(ops["Sequential"].forward):
+        found.add("extra_tensors_across_groups")
+    return frozenset(found)
+
+
 def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     if any(name == "transformer_engine" or name.startswith("transformer_engine.") for name in sys.modules):
         raise TargetLoadError("a transformer_engine is already imported in this process; load one target per process")
@@ -114,7 +132,7 @@ def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
             missing[op_name] = f"{prepared.spec} has no ops/basic/{module_names[0]}.py"
     backend = make_cpu_ops(op_module.BasicOperation)
     ops.update(backend)
-    return LoadedTarget(prepared, ops, te_ops, list(backend), missing, te_dir)
+    return LoadedTarget(prepared, ops, te_ops, list(backend), missing, te_dir, op_features(ops))
 
 
 def load_native(prepared: PreparedTarget) -> LoadedTarget:
@@ -134,7 +152,7 @@ def load_native(prepared: PreparedTarget) -> LoadedTarget:
         else:
             missing[name] = f"te.ops has no {name}"
     te_dir = Path(te.__file__ or "").resolve().parent.parent
-    return LoadedTarget(prepared, ops, [n for n in names if n in ops], [], missing, te_dir)
+    return LoadedTarget(prepared, ops, [n for n in names if n in ops], [], missing, te_dir, op_features(ops))
 
 
 def load(prepared: PreparedTarget) -> LoadedTarget:

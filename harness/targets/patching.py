@@ -23,13 +23,25 @@ PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
 
 
 @dataclass(frozen=True)
+class Marker:
+    """Recognises a fix of another shape than the patch: a pattern in one file of the tree."""
+
+    file: str
+    pattern: str
+    means: str
+
+    def found_in(self, tree: Path) -> bool:
+        path = tree / self.file
+        return path.is_file() and re.search(self.pattern, path.read_text(errors="replace"), re.MULTILINE) is not None
+
+
+@dataclass(frozen=True)
 class Patch:
     name: str
     path: Path
     description: str
-    marker_file: str | None
-    marker_pattern: str | None
-    marker_means: str | None
+    fixes: tuple[str, ...]  # the ids of the regressions it fixes
+    markers: tuple[Marker, ...]
 
     @property
     def text(self) -> bytes:
@@ -45,18 +57,25 @@ def load_patch(name: str, patches_dir: Path = PATCHES_DIR) -> Patch:
     if not re.fullmatch(r"[A-Za-z0-9_.-]+", name) or not meta_path.is_file():
         valid = ", ".join(available_patches()) or "none"
         raise UsageError(f"unknown patch {name!r}; valid patches: {valid}")
-    meta = tomllib.loads(meta_path.read_text())
-    recognise = meta.get("recognise", {})
+    try:
+        meta = tomllib.loads(meta_path.read_text())
+        markers = tuple(Marker(m["file"], m["pattern"], m.get("means", m["pattern"])) for m in meta.get("recognise", []))
+    except (tomllib.TOMLDecodeError, KeyError, TypeError) as exc:
+        raise UsageError(f"patch description {meta_path.name} is malformed ({exc}); it needs description, patch, "
+                         "fixes = [regression ids] and [[recognise]] tables with file and pattern") from None
     patch = Patch(
         name=name,
         path=patches_dir / meta.get("patch", f"{name}.patch"),
         description=meta.get("description", ""),
-        marker_file=recognise.get("file"),
-        marker_pattern=recognise.get("pattern"),
-        marker_means=recognise.get("means"),
+        fixes=tuple(meta.get("fixes", ())),
+        markers=markers,
     )
     check_patch_paths(patch.path)
     return patch
+
+
+def patches_fixing(regression: str) -> list[Patch]:
+    return [p for p in map(load_patch, available_patches()) if regression in p.fixes]
 
 
 _PATH_LINE = re.compile(r"^(?:--- |\+\+\+ |diff --git |rename (?:from|to) |copy (?:from|to) )(.*)$")
@@ -101,9 +120,8 @@ def apply_patch(tree: Path, patch: Patch) -> tuple[str, str]:
         return "applied", "applied cleanly with git apply"
     if _git_apply(tree, patch.path, "--check", "--reverse").returncode == 0:
         return "already-applied", "recognised because the patch reverse-applies"
-    if patch.marker_file and patch.marker_pattern:
-        marked = tree / patch.marker_file
-        if marked.is_file() and re.search(patch.marker_pattern, marked.read_text()):
-            return "already-applied", f"recognised by marker: {patch.marker_means or patch.marker_pattern}"
+    for marker in patch.markers:
+        if marker.found_in(tree):
+            return "already-applied", f"recognised by marker: {marker.means}"
     failure = _git_apply(tree, patch.path, "--check", "--verbose")
     return "conflict", (failure.stderr or failure.stdout).strip()

@@ -35,7 +35,9 @@
     cases.push({id, ax, recs});
   }
   const varying = AX.map((_, a) => V[a].length > 1);
-  const rowAxes = ["regression", "client", "pipeline", "input"].filter((a) => a in ix && (a !== "regression" || varying[ix[a]]));
+  // regression and client head the rows only when the run holds more than one of them
+  const rowAxes = ["regression", "client", "pipeline", "input"].filter(
+    (a) => a in ix && (varying[ix[a]] || (a !== "regression" && a !== "client")));
   const colAxes = ["grad_mode", "recompute"].filter((a) => a in ix);
   const otherAxes = AX.filter((a) => !rowAxes.includes(a) && !colAxes.includes(a) && varying[ix[a]]);
   const keyOf = (c, axes) => axes.map((a) => c.ax[ix[a]]).join(",");

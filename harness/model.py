@@ -1,0 +1,138 @@
+"""The run model: one vocabulary (outcomes, verdicts, roles) and the typed run file.
+
+Everything that writes or reads a run uses these names. `Run` is the schema of
+run.json (`repro.run/2`); `repro schema` prints its JSON Schema. Workers stream plain
+dicts of `CaseResult`'s shape to results.jsonl; the controller validates them here.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA = "repro.run/2"
+
+
+class Outcome(StrEnum):
+    """What was observed, before any prediction is consulted."""
+
+    PASS = "pass"
+    CRASH = "crash"
+    WRONG_OUTPUT = "wrong_output"
+    WRONG_GRAD = "wrong_grad"
+    SIDE_EFFECT = "side_effect"
+    HARNESS_ERROR = "harness_error"
+    NOT_APPLICABLE = "not_applicable"  # the release lacks an op feature the case needs
+
+
+class Verdict(StrEnum):
+    """The observation judged against the regression's rule and the target's role."""
+
+    REPRODUCED = "reproduced"  # the predicted symptom, on a target expected to have the bug
+    FIXED = "fixed"  # an affected case passes on a target expected to carry the fix
+    UNAFFECTED = "unaffected"  # a case the rules do not touch passes
+    OTHER_FAILURE = "other_failure"  # an affected case failed, but not with the predicted symptom
+    REGRESSION = "regression"  # a failure where a pass was expected
+    UNEXPECTED_PASS = "unexpected_pass"  # an affected case passes on a target expected to have the bug
+    HARNESS_ERROR = "harness_error"
+    NOT_APPLICABLE = "not_applicable"
+
+
+BAD_VERDICTS = frozenset({Verdict.OTHER_FAILURE, Verdict.REGRESSION, Verdict.UNEXPECTED_PASS, Verdict.HARNESS_ERROR})
+
+
+class Role(StrEnum):
+    """What a target is expected to be, for one regression."""
+
+    UNPATCHED = "unpatched"  # a release or tree that has the bug
+    PATCHED = "patched"  # carries one of our patches that declares it fixes the regression
+    FIXED_UPSTREAM = "fixed_upstream"  # a release from the first fixed one on, or a tree with a fix marker
+    PREDATES = "predates"  # a release before the first affected one
+    UNKNOWN = "unknown"  # nothing says which (the sweep judges every release this way)
+
+
+class ErrorInfo(BaseModel):
+    type: str
+    message: str
+    location: str | None = None  # innermost frame inside the target's TE tree, "transformer_engine/...py:LINE"
+    traceback: str | None = None
+
+
+class CaseResult(BaseModel):
+    """One (case, target): the observation, the prediction and the verdict."""
+
+    model_config = ConfigDict(extra="allow")  # the case's axis values are stored flat beside these
+
+    case_id: str
+    regression: str
+    target: str
+    outcome: Outcome
+    failed_checks: list[str] = []
+    details: dict[str, list[str]] = {}
+    error: ErrorInfo | None = None
+    side_effects: list[str] = []  # changes to the caller's tensors, also when a crash followed
+    known_deviations: list[str] = []
+    expected: str  # "affected" or "unaffected"
+    predicted: str | None = None  # the symptom the matching rule predicts
+    rule: str | None = None
+    role: Role
+    verdict: Verdict
+    verdict_reason: str = ""
+    note: str | None = None
+    duration_s: float = 0.0
+
+
+class TargetInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    spec: str
+    version: str
+    fuser_sha: str
+    patch: str | None = None
+    patch_status: str
+    patch_detail: str = ""
+    backend: str
+    source: str
+    description: str = ""
+    roles: dict[str, Role] = {}
+    role_reasons: dict[str, str] = {}
+
+
+class Environment(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    torch: str
+    python: str
+    platform: str
+    machine: str
+    targets: list[TargetInfo]
+
+
+class RegressionInfo(BaseModel):
+    id: str
+    title: str
+    upstream: str
+    first_affected: str | None
+    first_fixed: str | None
+    patches: list[str]
+
+
+class Run(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    schema_: str = Field(SCHEMA, alias="schema")
+    matrix: str
+    complete: bool
+    missing: int | None
+    problems: list[str] = []
+    environment: Environment
+    regressions: list[RegressionInfo]
+    excluded: dict[str, dict[str, int]] = {}  # regression -> reason -> count of combinations not generated
+    headlines: dict[str, list[str]] = {}
+    results: list[CaseResult]
+
+
+def json_schema() -> dict[str, Any]:
+    return Run.model_json_schema(by_alias=True)

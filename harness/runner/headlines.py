@@ -1,0 +1,58 @@
+"""Each regression's headline, computed from target roles, never from spec names, so it
+reads the same for wheels, `path:` forks and `installed` targets. Counts are of cases
+that ran (not `not_applicable`, not harness errors)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+from harness.model import BAD_VERDICTS, Outcome, Role, Verdict
+
+NOT_RUN = (Outcome.NOT_APPLICABLE.value, Outcome.HARNESS_ERROR.value)
+
+
+def _ran(results: list[dict[str, Any]], spec: str, regression: str) -> dict[str, dict[str, Any]]:
+    return {r["case_id"]: r for r in results
+            if r["target"] == spec and r["regression"] == regression and r["outcome"] not in NOT_RUN}
+
+
+def regression_headline(run: dict[str, Any], regression: str) -> list[str]:
+    results = run["results"]
+    specs_by_role: dict[str, list[str]] = {}
+    for target in run["environment"]["targets"]:
+        role = target.get("roles", {}).get(regression)
+        if role:
+            specs_by_role.setdefault(role, []).append(target["spec"])
+    lines = []
+    for spec in specs_by_role.get(Role.UNPATCHED.value, []):
+        affected = [r for r in _ran(results, spec, regression).values() if r["expected"] == "affected"]
+        reproduced = sum(r["verdict"] == Verdict.REPRODUCED.value for r in affected)
+        lines.append(f"{spec} (unpatched) reproduces {reproduced} of {len(affected)} affected cases")
+    references = specs_by_role.get(Role.FIXED_UPSTREAM.value, [])
+    for spec in specs_by_role.get(Role.PATCHED.value, []):
+        ran = _ran(results, spec, regression)
+        affected = [r for r in ran.values() if r["expected"] == "affected"]
+        fixed = sum(r["verdict"] == Verdict.FIXED.value for r in affected)
+        every = " — every one" if affected and fixed == len(affected) else ""
+        lines.append(f"{spec} fixes {fixed} of {len(affected)} affected cases{every}")
+        for reference in references:
+            theirs = _ran(results, reference, regression)
+            both = sorted(ran.keys() & theirs.keys())
+            differ = [c for c in both if ran[c]["outcome"] != theirs[c]["outcome"]]
+            lines.append(f"{spec} matches {reference} on every case both ran ({len(both)})" if not differ else
+                         f"{spec} differs from {reference} on {len(differ)} of {len(both)} cases both ran, "
+                         f"e.g. {differ[0]}")
+    if not specs_by_role.get(Role.PATCHED.value):
+        for spec in references:
+            affected = [r for r in _ran(results, spec, regression).values() if r["expected"] == "affected"]
+            fixed = sum(r["verdict"] == Verdict.FIXED.value for r in affected)
+            lines.append(f"{spec} (fixed upstream) passes {fixed} of {len(affected)} affected cases")
+    bad = Counter(r["verdict"] for r in results if r["regression"] == regression and r["verdict"] in BAD_VERDICTS)
+    lines.append("no other failure, regression, harness error or unexpected pass" if not bad else
+                 "ATTENTION: " + ", ".join(f"{n} {v}" for v, n in sorted(bad.items())))
+    return lines
+
+
+def headlines(run: dict[str, Any]) -> dict[str, list[str]]:
+    return {regression["id"]: regression_headline(run, regression["id"]) for regression in run["regressions"]}
