@@ -22,6 +22,7 @@ from repro import reports
 
 MESSAGE_CHARS = 120
 ATTENTION_LISTED = 10
+SIGNATURES_LISTED = 4  # the most frequent; every one is in the <details> below the table
 
 
 def code(text: Any, in_table: bool = True) -> str:
@@ -147,9 +148,12 @@ def _failures(run: dict[str, Any]) -> list[str]:
              ", ".join(f"{v} {n}" for v, n in g["verdicts"]),
              ", ".join(f"{code(t)} {n}" for t, n in g["targets"]),
              code(reports.show_command(g["example"]["case_id"], g["example"]["target"]))] for g in groups]
-    full = [f"- {code(g['type'], False)} at {code(g['location'] or '(no TE frame)', False)}:"
-            f" {code(g['message'], False)}" for g in groups]
-    return ["## Error signatures", *table(headers, rows), "", *details("full messages and TE locations", full)]
+    full = [f"- {g['count']} {code(g['type'], False)} at {code(g['location'] or '(no TE frame)', False)}:"
+            f" {code(g['message'], False)}; e.g. {code(reports.show_command(g['example']['case_id'], g['example']['target']), False)}"
+            for g in groups]
+    more = f", {len(groups) - SIGNATURES_LISTED} more below" if len(groups) > SIGNATURES_LISTED else ""
+    return [f"## Error signatures ({len(groups)}{more})", *table(headers, rows[:SIGNATURES_LISTED]), "",
+            *details("every signature with its full message and TE location", full)]
 
 
 def _environment(run: dict[str, Any], reviewed: bool) -> list[str]:
