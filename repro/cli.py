@@ -71,12 +71,49 @@ def cmd_minimal(args: argparse.Namespace) -> int:
     return 0
 
 
+EXAMPLES = {
+    "targets": "repro targets te-2.13.0 te-2.13.0+backport installed",
+    "minimal": "repro minimal --target te-2.13.0",
+    "run": "repro run --matrix issue22   (or: repro run --from-run runs/issue22 --last-failed)",
+    "list": "repro list --matrix issue22 --only pipeline=identity",
+    "sweep": "repro sweep --matrix issue22 --from 2.1.0 --to latest",
+    "devices": "repro devices",
+    "regressions": "repro regressions",
+    "schema": "repro schema > run.schema.json",
+    "bench": "repro bench --matrix smoke --targets te-2.13.0,te-2.16.0",
+}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every option's default in its help (unless the help already says it); examples kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        if "default" in text or action.default in (None, False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return super()._get_help_string(action)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("te-fuser-repro")
+    except PackageNotFoundError:  # run from a checkout that is not installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="repro", description="Reproduce and verify TE op-fuser issue 22.")
+    parser = argparse.ArgumentParser(
+        prog="repro", formatter_class=HelpFormatter,
+        description="Reproduce and verify Transformer Engine op-fuser regressions across releases, forks and patches.",
+        epilog="Run `repro COMMAND --help` for a command's options. Without a command, repro prints this help"
+               " (exit status 0).\nexample: repro run --matrix issue22")
+    parser.add_argument("--version", action="version", version=f"repro {_version()}")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache-dir", help=f"target cache (default ${sources.CACHE_ENV} or the XDG cache dir)")
     common.add_argument("--offline", action="store_true", help="use only the cache; never download")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("targets", parents=[common], help="list targets with their source, hash and patch status")
     p.add_argument("specs", nargs="*", help=f"target specs ({targets.SPEC_FORMS})")
@@ -90,10 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
                    "megatron_norm: megatron_checkpoint (default), none")
     p.set_defaults(func=cmd_minimal)
 
-    from repro import bench_commands, report_commands, run_commands
+    from repro import bench_commands, exec_command, report_commands, run_commands
 
-    for commands in (run_commands, report_commands, bench_commands):
+    for commands in (run_commands, report_commands, exec_command, bench_commands):
         commands.add_parsers(sub, common)
+    for name, subparser in sub.choices.items():
+        subparser.formatter_class = HelpFormatter
+        if not subparser.epilog and name in EXAMPLES:
+            subparser.epilog = f"example: {EXAMPLES[name]}"
     return parser
 
 
@@ -101,6 +142,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
+        if args.command is None:  # bare `repro`: the help, not an error
+            parser.print_help()
+            return 0
         return args.func(args)
     except UsageError as exc:
         print(f"repro: error: {exc}", file=sys.stderr)

@@ -1,9 +1,12 @@
 """The HTML report: one self-contained page (Jinja2, autoescape on), inline CSS and JS,
 nothing fetched, so it works from file:// and as a CI artifact.
 
-The tables are rendered here; the case grid is built in the browser from the run data,
-embedded once as JSON in a <script type="application/json"> block. Repeated values
-(notes, errors, tracebacks) are pooled, so a 30,000-result run stays a few megabytes.
+The status banner and the tables are rendered here; the case grid is built in the browser
+from the run data, embedded once as JSON in a <script type="application/json"> block.
+The data is packed to stay small (the issue22 run is tens of thousands of results): a
+case is one integer for its axis values (mixed radix) and two integers per target (an
+outcome/verdict code and an index into a pool of the rest: note, error, details, ...);
+case ids are rebuilt from the axis values, as the matrix builds them.
 A Content-Security-Policy allows only our own inline script and style (by hash): even a
 markup bug could not run a script that came in with a message.
 """
@@ -19,12 +22,14 @@ from typing import Any
 import jinja2
 from markupsafe import Markup
 
-from cases.axes import AXES
-from harness.engine import script
 from repro import reports
-from repro.summary import BAD_VERDICTS, VERDICTS, headline
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+# Worst first: the verdict a grid cell shows for a target when it holds several cases.
+VERDICT_SEVERITY = ("harness_error", "regression", "unexpected_pass", "other_failure", "reproduced", "fixed",
+                    "unaffected", "not_applicable", "skipped")
+EXTRA_FIELDS = ("note", "error", "details", "known_deviations", "failed_checks", "side_effects", "verdict_reason",
+                "expected", "predicted")
 
 
 def json_for_script(value: Any) -> str:
@@ -42,8 +47,6 @@ class _Pool:
         self._index: dict[str, int] = {}
 
     def __call__(self, value: Any) -> int:
-        if value is None or value == [] or value == {}:
-            return -1
         key = json.dumps(value, sort_keys=True)
         if key not in self._index:
             self._index[key] = len(self.values)
@@ -51,42 +54,60 @@ class _Pool:
         return self._index[key]
 
 
+def _split_case_id(case_id: str, axes: list[str]) -> tuple[str, list[str]]:
+    regression, sep, rest = case_id.partition(":")
+    if not sep:
+        regression, rest = "issue22", case_id
+    values = rest.split("-")
+    return regression, values if len(values) == len(axes) else [""] * len(axes)
+
+
 def grid_data(run: dict[str, Any]) -> dict[str, Any]:
-    """The data the page's script builds the case grid from: per case its axis values
-    (as indices), the oracle's prediction and one compact record per target."""
+    """The packed data the page's script builds the grid from (see the module docstring)."""
     specs = reports.target_specs(run)
+    axes = reports.axes_of(run)
     values = reports.present_values(run)
+    regressions = reports.regression_ids(run)
     for missing in run.get("missing_results") or []:  # cases no target reported yet
-        for axis, value in zip(AXES, missing["case_id"].split(":", 1)[-1].split("-")):
+        regression, found = _split_case_id(missing["case_id"], axes)
+        if regression not in regressions:
+            regressions.append(regression)
+        for axis, value in zip(axes, found):
             if value not in values[axis]:
                 values[axis].append(value)
-    value_index = {axis: {v: i for i, v in enumerate(vals)} for axis, vals in values.items()}
+    dims = [regressions, *(values[a] for a in axes)]
+    index = [{v: i for i, v in enumerate(d)} for d in dims]
+    outcomes, verdicts = list(reports.OUTCOMES), list(VERDICT_SEVERITY)
     target_index = {spec: i for i, spec in enumerate(specs)}
-    pool = _Pool()
-    cases: dict[str, list[Any]] = {}
+    pool, ids = _Pool(), []
+    cases: dict[str, list[int]] = {}
 
-    def entry(case_id: str, first: dict[str, Any] | None) -> list[Any]:
+    def entry(case_id: str, coordinates: list[str]) -> list[int]:
         if case_id not in cases:
-            parts = case_id.split(":", 1)[-1].split("-")
-            axes = [value_index[a][first[a] if first else parts[n]] for n, a in enumerate(AXES)]
-            expected, effect = (first["expected"], first.get("predicted")) if first else ("?", None)
-            reason = (first.get("rule") or "") if first else ""
-            cases[case_id] = [case_id, axes, expected, effect, reason, [None] * len(specs)]
+            code = 0
+            for position, value in enumerate(coordinates):
+                code = code * len(dims[position]) + index[position][value]
+            cases[case_id] = [code] + [-1, -1] * len(specs)
+            rebuilt = f"{coordinates[0]}:" + "-".join(coordinates[1:])
+            if rebuilt != case_id and not (coordinates[0] == "issue22" and case_id == rebuilt.partition(":")[2]):
+                ids.append([len(cases) - 1, case_id])  # an id the matrix did not build from its values
         return cases[case_id]
 
     for record in run["results"]:
-        error = record.get("error")
-        entry(record["case_id"], record)[5][target_index[record["target"]]] = [
-            record["outcome"], record["verdict"], pool(record.get("note")), pool(error),
-            pool(record.get("details")), pool(record.get("known_deviations")), pool(record.get("failed_checks")),
-            record.get("duration_s") or 0]
+        if record["outcome"] == "skipped":  # repro.run/1: an infeasible case, not drawn
+            continue
+        item = entry(record["case_id"], [reports.regression_of(record), *(record[a] for a in axes)])
+        t = target_index[record["target"]]
+        outcome = outcomes.index(record["outcome"]) if record["outcome"] in outcomes else len(outcomes) - 1
+        verdict = verdicts.index(record["verdict"]) if record["verdict"] in verdicts else len(verdicts) - 1
+        item[1 + 2 * t] = outcome * len(verdicts) + verdict
+        item[2 + 2 * t] = pool({k: record[k] for k in EXTRA_FIELDS if record.get(k) not in (None, [], {}, "")})
     for missing in run.get("missing_results") or []:
-        entry(missing["case_id"], None)
-    return {"targets": specs, "axes": list(AXES), "values": values, "outcomes": list(reports.SEVERITY[::-1]),
-            "verdicts": list(VERDICTS), "bad_verdicts": list(BAD_VERDICTS), "pool": pool.values,
-            "cases": list(cases.values()),
-            "script": {"template": script.TEMPLATE, "case_token": script.CASE_TOKEN,
-                       "target_token": script.TARGET_TOKEN}}
+        regression, found = _split_case_id(missing["case_id"], axes)
+        entry(missing["case_id"], [regression, *found])
+    return {"targets": specs, "roles": [reports.role_text(run, s) for s in specs], "axes": ["regression", *axes],
+            "values": dims, "outcomes": outcomes, "verdicts": verdicts, "bad_verdicts": list(reports.BAD_VERDICTS),
+            "pool": pool.values, "cases": [n for item in cases.values() for n in item], "ids": ids}
 
 
 def _csp_hash(text: str) -> str:
@@ -94,7 +115,7 @@ def _csp_hash(text: str) -> str:
 
 
 def _perf(perf: Any) -> dict[str, Any] | None:
-    """Hook for timing results once runs carry them (run["perf"]); shown as given."""
+    """Timing results (run["perf"]), shown as given."""
     if not perf:
         return None
     if isinstance(perf, dict) and perf.get("schema") == "repro.perf/1":
@@ -111,6 +132,13 @@ def _perf(perf: Any) -> dict[str, Any] | None:
     return {"rows": None, "text": json.dumps(perf, indent=1, sort_keys=True)}
 
 
+def _regressions(run: dict[str, Any]) -> list[dict[str, Any]]:
+    said = reports.headlines(run)
+    blank = {"title": "", "upstream": "", "first_affected": "", "first_fixed": "", "patches": []}
+    return [{**blank, **reports.regression_info(run, reg), "headline": said.get(reg, [])}
+            for reg in reports.regression_ids(run)]
+
+
 def render_html(run: dict[str, Any]) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
                              undefined=jinja2.StrictUndefined, keep_trailing_newline=True)
@@ -119,13 +147,15 @@ def render_html(run: dict[str, Any]) -> str:
            " base-uri 'none'; form-action 'none'")
     groups = [{**g, "command": reports.show_command(g["example"]["case_id"], g["example"]["target"])}
               for g in reports.failure_groups(run)]
-    o_headers, o_rows, disagreements = reports.oracle_rows(run)
     environment = {"torch": "?", "python": "?", "platform": "?", "machine": "?", **run["environment"]}
+    summary = reports.summarize(run)
     return env.get_template("report.html.j2").render(
-        title=f"te-fuser-repro: {run.get('matrix', '?')} matrix", incomplete=reports.incomplete_note(run),
-        headline=headline(run), env=environment, targets=reports.target_specs(run),
-        totals=reports.totals_rows(run, with_time=True), legend=[*reports.SEVERITY, "missing"], groups=groups,
-        oracle=(o_headers, o_rows), effects=reports.effect_rows(run), disagreements=disagreements,
-        perf=_perf(run.get("perf")), problems=run.get("problems") or [], csp=csp,
+        title=f"Regression run: {run.get('matrix', '?')}", incomplete=reports.incomplete_note(run),
+        summary=summary, regressions=_regressions(run), bad_verdicts=reports.BAD_VERDICTS,
+        env=environment, roles={s: reports.role_text(run, s) for s in reports.target_specs(run)},
+        excluded=run.get("excluded") or {}, verdicts=reports.verdict_rows(run, with_time=True),
+        totals=reports.totals_rows(run, with_time=False), groups=groups,
+        attention=reports.needs_attention(run), perf=_perf(run.get("perf")), problems=run.get("problems") or [],
+        csp=csp,
         # Our own files, and JSON escaped by json_for_script: the only unescaped inserts.
         css=Markup(css), js=Markup(js), data_json=Markup(json_for_script(grid_data(run))))

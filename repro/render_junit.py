@@ -1,27 +1,36 @@
 """JUnit XML of a run, for CI dashboards: one testsuite per target, one testcase per
-(case, target), classname the target and name the case id.
+(case, target) that ran. Infeasible combinations are not cases and are not listed.
 
-A reproduced issue-22 failure is expected, so it is reported as skipped with an
-"expected failure" message rather than as a failure; the verdicts that need a person
-(regression, harness error, unexpected pass) are failures.
+Dashboards read the verdict, not the raw outcome:
+- reproduced (an expected failure) is <skipped type="pytest.xfail">, as pytest writes an xfail;
+- other_failure, regression, unexpected_pass are <failure>, harness_error is <error>;
+- the rest pass.
+Classnames carry no dots (Jenkins-style viewers split a classname at its dots into packages):
+so the classname is `issue22_te-2_13_0`, and the target spec is a suite property. The root carries the totals.
 """
 
 from __future__ import annotations
 
 import re
 import xml.etree.ElementTree as ET
+from collections import Counter
 from typing import Any
 
 from repro import reports
-from repro.summary import BAD_VERDICTS
 
 # XML 1.0 cannot hold most control characters, which an exception message may carry.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 MESSAGE_CHARS = 500
+NOT_RUN = ("not_applicable", "skipped")  # outcomes of results that never ran a case
+FAILURE_VERDICTS = ("other_failure", "regression", "unexpected_pass")
 
 
 def _text(value: Any) -> str:
     return _NOT_XML.sub("\ufffd", str(value))
+
+
+def dot_free(name: str) -> str:
+    return name.replace(".", "_")
 
 
 def _summary(record: dict[str, Any]) -> str:
@@ -35,42 +44,64 @@ def _summary(record: dict[str, Any]) -> str:
 
 
 def _body(record: dict[str, Any]) -> str:
-    lines = [f"outcome {record['outcome']}, verdict {record['verdict']}, oracle {record['expected']}",
+    lines = [f"outcome {record['outcome']}, verdict {record['verdict']}, expected {record.get('expected', '?')}"
+             + (f", role {record['role']}" if record.get("role") else ""),
              reports.show_command(record["case_id"], record["target"])]
+    if record.get("verdict_reason"):
+        lines.append(f"why: {record['verdict_reason']}")
     for check, found in (record.get("details") or {}).items():
         lines += [f"{check}: {line}" for line in found]
+    lines += [f"side effect: {s}" for s in record.get("side_effects") or []]
     if record.get("error") and record["error"].get("traceback"):
         lines.append(record["error"]["traceback"])
     return "\n".join(lines)
 
 
-def _testcase(suite: ET.Element, record: dict[str, Any]) -> None:
-    case = ET.SubElement(suite, "testcase", classname=_text(record["target"]), name=_text(record["case_id"]),
+def _testcase(suite: ET.Element, record: dict[str, Any]) -> str:
+    """Adds the testcase; returns what it counts as: pass, skipped, failure or error."""
+    classname = dot_free(f"{reports.regression_of(record)}.{dot_free(record['target'])}")
+    case = ET.SubElement(suite, "testcase", classname=_text(classname), name=_text(record["case_id"]),
                          time=f"{record.get('duration_s') or 0.0:.6f}")
     verdict = record["verdict"]
     if verdict == "reproduced":
-        message = f"expected failure: issue 22 reproduced ({_summary(record)})"
-        ET.SubElement(case, "skipped", message=_text(message[:MESSAGE_CHARS])).text = _text(_body(record))
-    elif verdict == "not_applicable":
-        ET.SubElement(case, "skipped", message=_text(record.get("note") or "skipped"))
-    elif verdict in BAD_VERDICTS:
+        message = f"reproduced (expected failure): {_summary(record)}"
+        # No body: an expected failure needs no traceback on a dashboard (run.json has it).
+        ET.SubElement(case, "skipped", type="pytest.xfail", message=_text(message[:MESSAGE_CHARS]))
+        return "skipped"
+    if verdict in FAILURE_VERDICTS or verdict == "harness_error":
+        kind = "error" if verdict == "harness_error" else "failure"
         message = f"{verdict}: {_summary(record)}"
-        element = ET.SubElement(case, "failure", type=verdict, message=_text(message[:MESSAGE_CHARS]))
+        element = ET.SubElement(case, kind, type=verdict, message=_text(message[:MESSAGE_CHARS]))
         element.text = _text(_body(record))
+        return kind
+    return "pass"
 
 
 def render_junit(run: dict[str, Any]) -> str:
+    timestamp = (run.get("started_at") or "")[:19]  # xs:dateTime without the zone, as Ant writes it
+    hostname = run["environment"].get("machine") or "unknown"
     root = ET.Element("testsuites", name=f"repro {run.get('matrix', '?')}")
+    totals: Counter[str] = Counter()
+    total_time = 0.0
     for spec in reports.target_specs(run):
-        found = [r for r in run["results"] if r["target"] == spec]
-        skipped = sum(r["verdict"] in ("reproduced", "skipped") for r in found)
-        failures = sum(r["verdict"] in BAD_VERDICTS for r in found)
-        suite = ET.SubElement(root, "testsuite", name=_text(spec), tests=str(len(found)), failures=str(failures),
-                              errors="0", skipped=str(skipped),
-                              time=f"{sum(r.get('duration_s') or 0.0 for r in found):.3f}")
+        ran = [r for r in run["results"] if r["target"] == spec and r["outcome"] not in NOT_RUN]
+        suite = ET.SubElement(root, "testsuite", name=_text(dot_free(spec)), hostname=_text(hostname))
+        if timestamp:
+            suite.set("timestamp", timestamp)
+        properties = ET.SubElement(suite, "properties")
+        ET.SubElement(properties, "property", name="target", value=_text(spec))
         if note := reports.incomplete_note(run):
-            ET.SubElement(ET.SubElement(suite, "properties"), "property", name="incomplete", value=_text(note))
-        for record in found:
-            _testcase(suite, record)
+            ET.SubElement(properties, "property", name="incomplete", value=_text(note))
+        kinds = Counter(_testcase(suite, record) for record in ran)
+        seconds = sum(r.get("duration_s") or 0.0 for r in ran)
+        suite.attrib.update(tests=str(len(ran)), failures=str(kinds["failure"]), errors=str(kinds["error"]),
+                            skipped=str(kinds["skipped"]), time=f"{seconds:.3f}")
+        totals.update(kinds)
+        totals["tests"] += len(ran)
+        total_time += seconds
+    root.attrib.update(tests=str(totals["tests"]), failures=str(totals["failure"]), errors=str(totals["error"]),
+                       skipped=str(totals["skipped"]), time=f"{total_time:.3f}")
+    if timestamp:
+        root.set("timestamp", timestamp)
     ET.indent(root)
     return ET.tostring(root, encoding="unicode", xml_declaration=True) + "\n"

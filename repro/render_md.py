@@ -1,12 +1,15 @@
-"""Markdown (GitHub-flavoured) reports of a run.
+"""Markdown (GitHub-flavoured) reports of a run, for a pull request or a CI summary.
 
-`render_markdown` is the full report of one run. `render_verdict_markdown` is the
-reviewed one (reports/issue-22.md): only what the verdicts depend on, with no timing,
-machine, platform or timestamp, so the same matrix gives the same bytes on every machine
-and CI can regenerate and compare it.
+`render_markdown` (report.md) puts the verdict first: PASS or FAIL, each regression's
+headline, the verdicts per target, then only the grid rows that hold a failure or a
+difference, and the error signatures. The environment and long messages sit in <details>.
+`render_step_summary` is the shortest form, for $GITHUB_STEP_SUMMARY.
+`render_verdict_markdown` is the reviewed one (reports/issue-22.md): no timing, machine,
+platform or timestamp, so the same matrix gives the same bytes on every machine.
 
-Run strings (messages, notes) go into code spans with pipes escaped, so neither a `|`
-nor HTML in an exception message can change the table or the page.
+Tables are plain pipes without alignment padding: one wider cell changes one line of a diff,
+not every row. Run strings (messages, notes) go into code spans with pipes escaped, so
+neither a `|` nor HTML in an exception message can change the table or the page.
 """
 
 from __future__ import annotations
@@ -15,13 +18,11 @@ import json
 import re
 from typing import Any
 
-from tabulate import tabulate
-
 from repro import reports
-from repro.summary import headline
 
-MESSAGE_CHARS = 200
-DISAGREEMENTS_LISTED = 50
+MESSAGE_CHARS = 120
+ATTENTION_LISTED = 10
+SIGNATURES_LISTED = 4  # the most frequent; every one is in the <details> below the table
 
 
 def code(text: Any, in_table: bool = True) -> str:
@@ -46,121 +47,161 @@ def _clip(text: str, limit: int = MESSAGE_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def _table(headers: list[str], rows: list[list[Any]]) -> str:
-    return tabulate(rows, headers=headers, tablefmt="github", disable_numparse=True)
+def table(headers: list[str], rows: list[list[Any]]) -> list[str]:
+    """A GFM table without padding: each row's bytes depend only on its own cells."""
+    return ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers),
+            *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
 
 
-def _environment(run: dict[str, Any], reviewed: bool) -> list[str]:
-    env = run["environment"]
-    lines = ["## Environment", ""]
-    if not reviewed:
-        lines += [(f"torch {code(env.get('torch'))}, Python {code(env.get('python'))}, "
-                   f"platform {code(env.get('platform'))}, machine {code(env.get('machine'))}"), ""]
-    headers = ["target", "version", "fuser.py", "patch", "backend", "source", "ops"]
-    rows = [[code(t["spec"]), code(t["version"]), code(t["fuser_sha"]),
-             plain(f"{t['patch']}: {t['patch_status']}" if t.get("patch") else t.get("patch_status", "none")),
-             plain(t["backend"]), plain(t["source"]), plain(t.get("description", ""))]
-            for t in env["targets"]]
-    return lines + [_table(headers, rows), ""]
+def details(summary: str, body: list[str]) -> list[str]:
+    return ["<details><summary>" + summary + "</summary>", "", *body, "", "</details>", ""]
 
 
-def _grid(run: dict[str, Any]) -> list[str]:
-    rows, cols, cells = reports.pivot(run)
+def _elapsed(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return ""
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def status_block(run: dict[str, Any], reviewed: bool = False) -> list[str]:
+    """The verdict: PASS/FAIL, the counts that matter, each regression's headline."""
+    summary = reports.summarize(run)
+    mark = "✅" if summary["status"] == "PASS" else "❌"
+    facts = [f"{summary['cases']} cases on {summary['targets']} targets", f"{summary['needs_attention']} need a look"]
+    if summary["excluded"]:
+        facts.append(f"{summary['excluded']} infeasible combinations not run")
+    if not reviewed and (elapsed := _elapsed(summary.get("elapsed_s"))):
+        facts.append(elapsed)
+    lines = [f"**{mark} {summary['status']}**: " + ", ".join(facts)
+             + (f". Failing because: {', '.join(summary['fail_reasons'])}." if summary["fail_reasons"] else "."), ""]
+    for regression, said in reports.headlines(run).items():
+        info = reports.regression_info(run, regression)
+        about = [plain(info["title"])] if info.get("title") else []
+        if info.get("upstream"):
+            about.append(f"upstream {plain(info['upstream'])}")
+        if info.get("first_fixed"):
+            about.append(f"fixed in {plain(info['first_fixed'])}")
+        lines.append(f"**{plain(regression)}**" + (f" ({'; '.join(about)})" if about else "") + ":")
+        lines += [f"- {plain(line)}" for line in said] or ["- (no headline stored)"]
+        lines.append("")
+    return lines
+
+
+def _verdicts(run: dict[str, Any], reviewed: bool) -> list[str]:
+    headers, rows = reports.verdict_rows(run, with_time=not reviewed)
+    return ["## Verdicts by target", *table(headers, [[code(r[0]), *map(str, r[1:])] for r in rows]), ""]
+
+
+def _cell(by_target: dict[str, str], specs: list[str]) -> str:
+    return "".join(reports.SYMBOLS.get(o.rstrip("!"), "?") + ("!" if o.endswith("!") else "")
+                   if (o := by_target.get(s)) else " " for s in specs)
+
+
+def _grid(run: dict[str, Any], regression: str, multiple: bool) -> list[str]:
+    """Rows pipeline x input, columns grad_mode x recompute; only the rows (and columns) where
+    some target fails or the targets disagree."""
+    found = [r for r in run["results"] if reports.regression_of(r) == regression]
+    rows, cols, cells = reports.pivot(run, found)
     specs = reports.target_specs(run)
+    texts = {(r, c): _cell(cells[r, c], specs) for r in rows for c in cols if (r, c) in cells}
 
-    def text(row: tuple[str, str], col: tuple[str, str]) -> str:
-        by_target = cells.get((row, col), {})
-        if all(by_target.get(s, "skipped") == "skipped" for s in specs):
-            return "·"
-        return "".join(reports.SYMBOLS[o.rstrip("!")] + ("!" if o.endswith("!") else "")
-                       if (o := by_target.get(s)) else reports.SYMBOLS["missing"] for s in specs)
+    def interesting(text: str) -> bool:
+        return any(ch not in "✓ " for ch in text)
 
-    grid = {(r, c): text(r, c) for r in rows for c in cols}
-    # Combinations skipped on every target in a whole row or column carry no information.
-    kept_rows = [r for r in rows if any(grid[r, c] != "·" for c in cols)]
-    kept_cols = [c for c in cols if any(grid[r, c] != "·" for r in rows)]
-    legend = ", ".join(f"`{sym}` {name}" for name, sym in reports.SYMBOLS.items())
-    lines = ["## Outcome grid", "",
-             (f"Rows pipeline × input, columns grad_mode × recompute. Each cell has one symbol per target, in the"
-              f" order {', '.join(code(s) for s in specs)}: the worst outcome among the cases in that cell (params,"
-              f" sequence, dtype, device). Legend: {legend}; `!` after a symbol: a regression, harness error or"
-              " unexpected pass there; a lone `·`: every case there is skipped."), ""]
-    dropped_r, dropped_c = len(rows) - len(kept_rows), len(cols) - len(kept_cols)
-    if dropped_r or dropped_c:
-        lines += [(f"Left out as skipped throughout: {dropped_r} of {len(rows)} rows, {dropped_c} of {len(cols)}"
-                   " columns."), ""]
-    if not kept_rows or not kept_cols:
-        return lines + ["(no case ran)", ""]
+    kept_rows = [r for r in rows if any(interesting(texts.get((r, c), "")) for c in cols)]
+    kept_cols = [c for c in cols if any(interesting(texts.get((r, c), "")) for r in kept_rows)]
+    heading = f"## Cases that fail or differ: {regression}" if multiple else "## Cases that fail or differ"
+    lines = [heading]
+    if not kept_rows:
+        return lines + [f"Every one of {len(found)} results passes on every target.", ""]
+    legend = ", ".join(f"`{sym}` {name}" for name, sym in reports.SYMBOLS.items() if name != "skipped")
+    lines += [(f"{len(kept_rows)} of {len(rows)} rows (pipeline × input) and {len(kept_cols)} of {len(cols)} columns"
+               f" (grad_mode × recompute) hold a failure; the rest pass everywhere. One symbol per target"
+               f" ({', '.join(code(s) for s in specs)}), the worst outcome in the cell: {legend};"
+               " `!` a verdict that needs a look; blank: no such case."), ""]
     headers = ["pipeline", "input", *(f"{g}<br>{r}" for g, r in kept_cols)]
-    body = [[code(r[0]), code(r[1]), *(f"`{grid[r, c]}`" for c in kept_cols)] for r in kept_rows]
-    return lines + [_table(headers, body), ""]
+    body = [[code(r[0]), code(r[1]), *(f"`{texts[r, c]}`" if (r, c) in texts else "" for c in kept_cols)]
+            for r in kept_rows]
+    return lines + [*table(headers, body), ""]
+
+
+def _attention(run: dict[str, Any]) -> list[str]:
+    found = reports.needs_attention(run)
+    if not found:
+        return []
+    def item(r: dict[str, Any]) -> str:
+        return (f"- {code(r['target'], False)} {code(r['case_id'], False)}: **{r['verdict']}** ({r['outcome']})"
+                + (f": {plain(_clip(r.get('verdict_reason') or ''))}" if r.get("verdict_reason") else ""))
+    lines = [f"## Needs a look ({len(found)})", *(item(r) for r in found[:ATTENTION_LISTED]), ""]
+    if len(found) > ATTENTION_LISTED:
+        lines += details(f"{len(found) - ATTENTION_LISTED} more", [item(r) for r in found[ATTENTION_LISTED:]])
+    return lines
 
 
 def _failures(run: dict[str, Any]) -> list[str]:
     groups = reports.failure_groups(run)
-    lines = ["## Failures by error signature", ""]
     if not groups:
-        return lines + ["No result failed.", ""]
-    headers = ["results", "error", "TE location", "message", "by target", "verdicts", "reproduce (one example)"]
-    rows = [[str(g["count"]), code(g["type"]), code(g["location"]), code(_clip(g["message"])),
-             "<br>".join(f"{code(t)} {n}" for t, n in g["targets"]),
-             "<br>".join(f"{v} {n}" for v, n in g["verdicts"]),
+        return ["## Error signatures", "No result failed.", ""]
+    headers = ["results", "error", "verdicts", "by target", "reproduce"]
+    rows = [[str(g["count"]), code(f"{g['type']}: {_clip(g['message'], 60)}"),
+             ", ".join(f"{v} {n}" for v, n in g["verdicts"]),
+             ", ".join(f"{code(t)} {n}" for t, n in g["targets"]),
              code(reports.show_command(g["example"]["case_id"], g["example"]["target"]))] for g in groups]
-    return lines + [_table(headers, rows), ""]
+    full = [f"- {g['count']} {code(g['type'], False)} at {code(g['location'] or '(no TE frame)', False)}:"
+            f" {code(g['message'], False)}; e.g. {code(reports.show_command(g['example']['case_id'], g['example']['target']), False)}"
+            for g in groups]
+    more = f", {len(groups) - SIGNATURES_LISTED} more below" if len(groups) > SIGNATURES_LISTED else ""
+    return [f"## Error signatures ({len(groups)}{more})", *table(headers, rows[:SIGNATURES_LISTED]), "",
+            *details("every signature with its full message and TE location", full)]
 
 
-def _oracle(run: dict[str, Any]) -> list[str]:
-    headers, rows, disagreements = reports.oracle_rows(run)
-    lines = ["## Oracle agreement", "",
-             ("Each regression's rules (`cases/regressions/`) predict from the bug analysis which cases are affected. On a target"
-              " without the fix every affected case should fail and nothing else; on a target with it nothing"
-              " should fail. Skipped and harness errors are left out."), "",
-             _table(headers, [[code(r[0]), *map(str, r[1:])] for r in rows]), ""]
-    e_headers, e_rows = reports.effect_rows(run)
-    if e_rows:
-        lines += ["Predicted effect against observed outcome (affected cases that failed):", "",
-                  _table(e_headers, [[code(t), code(e), code(o), str(n)] for t, e, o, n in e_rows]), ""]
-    if not disagreements:
-        return lines + ["No disagreement: every observation is what the oracle predicts for its target.", ""]
-    lines += [f"Disagreements ({len(disagreements)}):", ""]
-    for r in disagreements[:DISAGREEMENTS_LISTED]:
-        lines.append(f"- {code(r['target'], False)} {code(r['case_id'], False)}: predicted {r['expected']}, observed"
-                     f" {r['outcome']} ({r['verdict']})")
-    if len(disagreements) > DISAGREEMENTS_LISTED:
-        lines.append(f"- … and {len(disagreements) - DISAGREEMENTS_LISTED} more (see run.json)")
-    return lines + [""]
+def _environment(run: dict[str, Any], reviewed: bool) -> list[str]:
+    env = run["environment"]
+    body = [] if reviewed else [(f"torch {code(env.get('torch'))}, Python {code(env.get('python'))}, platform"
+                                 f" {code(env.get('platform'))}, machine {code(env.get('machine'))}"), ""]
+    headers = ["target", "role", "version", "fuser.py", "patch", "backend", "source", "ops"]
+    rows = [[code(t["spec"]), plain(reports.role_text(run, t["spec"])), code(t["version"]), code(t["fuser_sha"]),
+             plain(f"{t['patch']}: {t['patch_status']}" if t.get("patch") else t.get("patch_status", "none")),
+             plain(t["backend"]), plain(t["source"]), plain(t.get("description", ""))] for t in env["targets"]]
+    body += table(headers, rows)
+    excluded = run.get("excluded") or {}
+    if any(excluded.values()):
+        body += ["", "Infeasible combinations, not run:", "",
+                 *(f"- {plain(reg)}: {n} — {plain(reason)}" for reg, by in excluded.items() for reason, n in by.items())]
+    return details("Environment, targets and excluded combinations", body)
 
 
 def render_perf(perf: Any) -> list[str]:
-    """Hook for timing results, once runs carry them (run["perf"]); shown as given."""
-    lines = ["## Performance", ""]
+    """Timing results (run["perf"]), shown as given."""
     if isinstance(perf, dict) and perf.get("schema") == "repro.perf/1":
         from repro.bench_commands import render_notes, render_table
 
-        return lines + ["```", render_table(perf), render_notes(perf), "```", ""]
+        return details("Performance", ["```", render_table(perf), render_notes(perf), "```"])
     if isinstance(perf, list) and perf and all(isinstance(p, dict) for p in perf):
         keys = list(dict.fromkeys(k for p in perf for k in p))
-        return lines + [_table(keys, [[plain(p.get(k, "")) for k in keys] for p in perf]), ""]
-    return lines + ["```json", json.dumps(perf, indent=1, sort_keys=True), "```", ""]
+        return details("Performance", table(keys, [[plain(p.get(k, "")) for k in keys] for p in perf]))
+    return details("Performance", ["```json", json.dumps(perf, indent=1, sort_keys=True), "```"])
 
 
 def _render(run: dict[str, Any], reviewed: bool) -> str:
-    title = f"# te-fuser-repro: `{run.get('matrix', '?')}` matrix" + (" (verdict report)" if reviewed else "")
+    title = f"# Regression run: `{run.get('matrix', '?')}`" + (" (verdict report)" if reviewed else "")
     lines = [title, ""]
     if reviewed:
         lines += [("Generated by `repro report RUN_DIR --format verdict-md`; no timings or machine details, so it"
                    " is the same on every machine. CI regenerates it and compares."), ""]
     if note := reports.incomplete_note(run):
         lines += [f"> **{note}**", ""]
-    lines += ["## Verdict", "", *(f"- {plain(line)}" for line in headline(run)), ""]
-    lines += _environment(run, reviewed)
-    headers, rows = reports.totals_rows(run, with_time=not reviewed)
-    lines += ["## Per-target totals", "", _table(headers, [[code(r[0]), *map(str, r[1:])] for r in rows]), ""]
-    lines += _grid(run) + _failures(run) + _oracle(run)
+    lines += status_block(run, reviewed) + _attention(run) + _verdicts(run, reviewed)
+    regressions = reports.regression_ids(run)
+    for regression in regressions:
+        lines += _grid(run, regression, len(regressions) > 1)
+    lines += _failures(run) + _environment(run, reviewed)
     if run.get("perf") and not reviewed:
         lines += render_perf(run["perf"])
     if run.get("problems"):
-        lines += ["## Problems reading the results", "", *(f"- {plain(p)}" for p in run["problems"]), ""]
+        lines += details(f"Problems reading the results ({len(run['problems'])})",
+                         [f"- {plain(p)}" for p in run["problems"]])
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
@@ -170,3 +211,14 @@ def render_markdown(run: dict[str, Any]) -> str:
 
 def render_verdict_markdown(run: dict[str, Any]) -> str:
     return _render(run, reviewed=True)
+
+
+def render_step_summary(run: dict[str, Any], paths: dict[str, str] | None = None) -> str:
+    """For $GITHUB_STEP_SUMMARY: the status, the headlines, verdicts per target, what needs a look."""
+    lines = [f"### repro run `{run.get('matrix', '?')}`", ""]
+    if note := reports.incomplete_note(run):
+        lines += [f"> **{note}**", ""]
+    lines += status_block(run) + _verdicts(run, reviewed=True)[1:] + _attention(run)
+    if paths:
+        lines += ["Reports: " + ", ".join(code(p, False) for p in paths.values()), ""]
+    return "\n".join(lines).rstrip("\n") + "\n\n"

@@ -24,6 +24,7 @@ def _write(text: str, out: str | None) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     run = reports.load_run(Path(args.run_dir))
     _write(reports.render(run, args.format), args.output)
+    reports.append_step_summary(run)  # GitHub Actions: the summary on the job's page
     if note := reports.incomplete_note(run):
         print(f"repro: {note}", file=sys.stderr)
     return 0
@@ -35,8 +36,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     from harness.engine.script import DEFAULT_TARGET, parse_case_id, render_script
 
     case = parse_case_id(args.case_id)
+    if args.standalone and not args.script:
+        raise UsageError("--standalone goes with --script; e.g. repro show CASE_ID --script --standalone")
+    if args.script and args.standalone:
+        from harness.engine.standalone import render_standalone
+
+        sys.stdout.write(render_standalone(case, args.case_id, args.target or DEFAULT_TARGET))
+        return 0
     if args.script:
-        sys.stdout.write(render_script(case.case_id, args.target or DEFAULT_TARGET))
+        sys.stdout.write(render_script(args.case_id, args.target or DEFAULT_TARGET))
         return 0
     for axis, value in case.as_dict().items():
         print(f"{axis:10} {value}")
@@ -47,7 +55,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     reason = common_exclusion(case) or regression.exclude(case)
     print(f"excluded   {reason}" if reason else "valid      yes")
     target = args.target or regression.default_targets[0]
-    print(f"\nreproduce: repro show {case.case_id} --target {target} --script > case.py && python case.py")
+    print(f"\nreproduce: repro show {case.case_id} --target {target} --script --standalone > case.py"
+          f" && repro exec --target {target} -- python case.py")
     return 0
 
 
@@ -61,20 +70,28 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    p = sub.add_parser("report", help="render a run dir as Markdown, HTML, JUnit XML or JSON")
+    p = sub.add_parser("report", help="render a run dir as Markdown, HTML, JUnit XML, JSON or a CI summary",
+                       epilog="example: repro report runs/issue22 --format html -o report.html")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (run.json, or results.jsonl if unfinished)")
     p.add_argument("--format", choices=reports.FORMATS, default="md",
-                   help="verdict-md: the reviewed report, without timings or machine details")
-    p.add_argument("-o", "--output", metavar="FILE", help="write here instead of stdout")
+                   help="md (default): for a pull request; verdict-md: the reviewed report, without timings or"
+                        " machine details; summary: the short form that $GITHUB_STEP_SUMMARY also gets when set")
+    p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")
     p.set_defaults(func=cmd_report)
 
-    p = sub.add_parser("show", help="a case's axes and oracle prediction, or its reproduction script")
+    p = sub.add_parser("show", help="a case's axes and oracle prediction, or a script that reproduces it",
+                       epilog="example: repro show CASE_ID --target te-2.13.0 --script --standalone > case.py")
     p.add_argument("case_id", metavar="CASE_ID")
     p.add_argument("--target", metavar="SPEC", help="target for the script (default te-2.13.0)")
-    p.add_argument("--script", action="store_true", help="print a standalone Python script that runs the case")
+    p.add_argument("--script", action="store_true",
+                   help="print a Python script that runs the case through the harness (default: print the axes)")
+    p.add_argument("--standalone", action="store_true",
+                   help="with --script: a script that needs only torch and TE (import transformer_engine.pytorch"
+                        " as te), for an upstream bug report; run it here with repro exec")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("diff", help="cases whose outcome or verdict changed between two runs; exit 1 on a new regression")
+    p = sub.add_parser("diff", help="cases whose outcome or verdict changed between two runs; exit 1 on a new regression",
+                       epilog="example: repro diff runs/before runs/after")
     p.add_argument("a", metavar="A", help="the earlier run: a run dir or run.json")
     p.add_argument("b", metavar="B", help="the later run: a run dir or run.json")
     p.set_defaults(func=cmd_diff)

@@ -1,31 +1,44 @@
 """Reports of a run: loading a run dir (finished or not), the views every format shares,
-and writing the formats into the run dir. The renderers live in render_*.py.
+the summary object, and writing the formats into the run dir. The renderers live in render_*.py.
+
+A renderer reads only the stored run: never today's case, matrix or oracle modules, so an
+old run renders as it was judged. Axis order comes from the run's `axes` when it has them,
+else from the order the results were stored in (matrix order).
 
 A run that did not finish has no run.json; its results.jsonl is read instead, and
-run-meta.json (written when the run starts) says what was expected, so the report can
-say how many results are missing.
+run-meta.json (written when the run starts) says which results were expected, so the
+report can say how many are missing.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from cases.axes import AXES
 from harness.errors import UsageError
-from harness.model import Run
+from harness.model import SCHEMA, Run
 from harness.runner import records
-from repro.summary import BAD_VERDICTS, OUTCOMES, VERDICTS
 
-FORMATS = ("md", "verdict-md", "html", "junit", "json")
+FORMATS = ("md", "verdict-md", "summary", "html", "junit", "json")
+OUTCOMES = ("pass", "crash", "wrong_output", "wrong_grad", "side_effect", "harness_error", "not_applicable",
+            "skipped")
+VERDICTS = ("reproduced", "fixed", "unaffected", "other_failure", "regression", "unexpected_pass", "harness_error",
+            "not_applicable", "skipped")
+BAD_VERDICTS = ("other_failure", "regression", "unexpected_pass", "harness_error")
+# The axes a result may carry, in the order a case id is built from them; a run's own
+# `axes` ({axis: [values]}), when it stores them, takes precedence.
+AXIS_FIELDS = ("client", "pipeline", "grad_mode", "input", "params", "recompute", "sequence", "grad_form", "dtype",
+               "device")
 # Worst first: the outcome a grid cell shows for a target when it holds several cases.
-SEVERITY = ("harness_error", "crash", "wrong_output", "wrong_grad", "side_effect", "pass", "not_applicable")
+SEVERITY = ("harness_error", "crash", "wrong_output", "wrong_grad", "side_effect", "pass", "not_applicable",
+            "skipped")
 SYMBOLS = {"pass": "✓", "crash": "C", "wrong_output": "O", "wrong_grad": "G", "side_effect": "S",
-           "harness_error": "H", "not_applicable": "·", "missing": "?"}
+           "harness_error": "H", "not_applicable": "-", "skipped": "·", "missing": "?"}
 FAILING = ("crash", "wrong_output", "wrong_grad", "side_effect", "harness_error")
 
 
@@ -51,40 +64,44 @@ def _read_json(path: Path) -> dict[str, Any]:
     if isinstance(run, dict) and run.get("schema") == "repro.run/1":
         raise UsageError(f"{path} is a repro.run/1 run, written before regressions were declared units; "
                          f"run it again with this version (repro run --matrix {run.get('matrix', 'issue22')})")
-    if not isinstance(run, dict) or run.get("schema") != records.SCHEMA:
-        raise UsageError(f"{path} is not a {records.SCHEMA} run")
+    if not isinstance(run, dict) or run.get("schema") != SCHEMA:
+        raise UsageError(f"{path} is not a {SCHEMA} run")
     try:
-        run = Run.model_validate(run).model_dump(mode="json", by_alias=True)
+        return Run.model_validate(run).model_dump(mode="json", by_alias=True)
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise UsageError(f"{path} is not a valid {records.SCHEMA} run: {where}: {first['msg']}") from None
-    return run
+        raise UsageError(f"{path} is not a valid {SCHEMA} run: {where}: {first['msg']}") from None
 
 
 def _run_from_jsonl(run_dir: Path) -> dict[str, Any]:
+    """What an unfinished run holds. run-meta.json names every (target, case id) the run was
+    asked for (`expected_keys`), so every missing one can be listed."""
     found, problems = records.read_jsonl(run_dir / "results.jsonl")
     meta = _read_meta(run_dir)
     by_key = {(r["target"], r["case_id"]): r for r in found}  # a repeated record: the last one counts
     specs = list(meta.get("targets") or dict.fromkeys(r["target"] for r in found))
-    expected_keys = _expected_keys(meta, specs)
-    if expected_keys is not None:
+    keys = meta.get("expected_keys")
+    missing_keys: list[tuple[str, str]] = []
+    if isinstance(keys, list):
+        expected_keys = [(str(k[0]), str(k[1])) for k in keys if isinstance(k, list) and len(k) == 2]
         missing_keys = [k for k in expected_keys if k not in by_key]
         missing: int | None = len(missing_keys)
     else:
-        missing_keys = []
         expected = meta.get("expected_results")
         missing = expected - len(by_key) if isinstance(expected, int) else None
-    return {
-        "schema": records.SCHEMA, "matrix": meta.get("matrix", "?"),
+    run = {
+        "schema": SCHEMA, "matrix": meta.get("matrix", "?"), "started_at": meta.get("started_at"),
         "environment": {"torch": "?", "python": "?", "platform": "?", "machine": "?",
-                        "targets": [_bare_target(spec, run_dir) for spec in specs]},
+                        "targets": [_bare_target(spec, run_dir, meta) for spec in specs]},
         "complete": False, "missing": missing, "problems": problems,
-        "regressions": [], "excluded": {}, "headlines": {},
-        "results": list(by_key.values()),
+        "excluded": meta.get("excluded") or {}, "regressions": meta.get("regressions") or [],
+        "headlines": {}, "results": list(by_key.values()),
         "report_source": "results.jsonl", "found_results": len(by_key),
         "missing_results": [{"target": t, "case_id": c} for t, c in missing_keys],
     }
+    run["summary"] = summarize(run)
+    return run
 
 
 def _read_meta(run_dir: Path) -> dict[str, Any]:
@@ -95,21 +112,41 @@ def _read_meta(run_dir: Path) -> dict[str, Any]:
     return meta if isinstance(meta, dict) else {}
 
 
-def _expected_keys(meta: dict[str, Any], specs: list[str]) -> list[tuple[str, str]] | None:
-    """Every (target, case id) the run was asked for, as run-meta.json recorded them."""
-    keys = meta.get("expected_keys")
-    if not isinstance(keys, list):
-        return None
-    return [(str(k[0]), str(k[1])) for k in keys if isinstance(k, list) and len(k) == 2]
-
-
-def _bare_target(spec: str, run_dir: Path) -> dict[str, Any]:
+def _bare_target(spec: str, run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
     from harness.runner.sessions import session_name
 
     description = run_dir / "sessions" / f"{session_name(spec)}.description"
     return {"spec": spec, "version": "?", "fuser_sha": "?", "patch": None, "patch_status": "?",
-            "patch_detail": "", "backend": "?", "source": "?",
+            "patch_detail": "", "backend": "?", "source": "?", "roles": (meta.get("roles") or {}).get(spec, {}),
             "description": description.read_text() if description.is_file() else ""}
+
+
+# ---- the summary object ----
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    """The run's status and counts, from the stored results only (a pure function).
+
+    FAIL when a verdict needs a person (BAD_VERDICTS) or the run is incomplete."""
+    verdicts = Counter(r["verdict"] for r in run["results"])
+    bad = sum(verdicts[v] for v in BAD_VERDICTS)
+    missing = run.get("missing") or 0
+    complete = bool(run.get("complete", True)) and not missing
+    reasons = [f"{verdicts[v]} {v}" for v in BAD_VERDICTS if verdicts[v]]
+    if not complete:
+        reasons.append(f"incomplete: {missing if run.get('missing') is not None else 'unknown number of'}"
+                       " results missing")
+    excluded = sum(n for by_reason in (run.get("excluded") or {}).values() for n in by_reason.values())
+    ran = [r for r in run["results"] if r["outcome"] != "skipped"]  # repro.run/1 stored infeasible cases as skipped
+    excluded += len({r["case_id"] for r in run["results"]} - {r["case_id"] for r in ran})
+    return {
+        "status": "FAIL" if reasons else "PASS", "fail_reasons": reasons,
+        "results": len(ran), "cases": len({r["case_id"] for r in ran}),
+        "targets": len(target_specs(run)), "missing": run.get("missing"), "complete": complete,
+        "excluded": excluded, "needs_attention": bad,
+        "verdicts": {v: verdicts[v] for v in VERDICTS if verdicts[v]},
+        "by_target": {spec: dict(c) for spec, c in counts(run, "verdict").items()},
+        "elapsed_s": run.get("elapsed_s", (run.get("summary") or {}).get("elapsed_s")),
+    }
 
 
 # ---- views shared by the formats ----
@@ -117,6 +154,46 @@ def _bare_target(spec: str, run_dir: Path) -> dict[str, Any]:
 def target_specs(run: dict[str, Any]) -> list[str]:
     specs = [t["spec"] for t in run["environment"]["targets"]]
     return specs + [s for s in dict.fromkeys(r["target"] for r in run["results"]) if s not in specs]
+
+
+def roles(run: dict[str, Any]) -> dict[str, dict[str, str]]:
+    """Per target, its role for each regression (from the environment, else from the results)."""
+    found: dict[str, dict[str, str]] = {t["spec"]: dict(t.get("roles") or {}) for t in run["environment"]["targets"]}
+    for r in run["results"]:
+        if r.get("role"):
+            found.setdefault(r["target"], {}).setdefault(regression_of(r), r["role"])
+    return found
+
+
+def role_text(run: dict[str, Any], spec: str) -> str:
+    by_regression = roles(run).get(spec) or {}
+    distinct = set(by_regression.values())
+    if len(distinct) == 1:
+        return distinct.pop()
+    return ", ".join(f"{reg}: {role}" for reg, role in by_regression.items()) or "?"
+
+
+def regression_of(record: dict[str, Any]) -> str:
+    if record.get("regression"):
+        return record["regression"]
+    head, sep, _ = record["case_id"].partition(":")
+    return head if sep else "issue22"  # repro.run/1 held issue 22 only
+
+
+def regression_ids(run: dict[str, Any]) -> list[str]:
+    declared = [r["id"] for r in run.get("regressions") or []]
+    seen = dict.fromkeys(regression_of(r) for r in run["results"])
+    return declared + [r for r in seen if r not in declared]
+
+
+def regression_info(run: dict[str, Any], regression: str) -> dict[str, Any]:
+    return next((r for r in run.get("regressions") or [] if r["id"] == regression), {"id": regression})
+
+
+def headlines(run: dict[str, Any]) -> dict[str, list[str]]:
+    """Each regression's headline lines, as the run stored them (computed when it was assembled)."""
+    stored = run.get("headlines") or {}
+    return {reg: list(stored.get(reg) or []) for reg in regression_ids(run)}
 
 
 def incomplete_note(run: dict[str, Any]) -> str | None:
@@ -136,6 +213,20 @@ def counts(run: dict[str, Any], field: str) -> dict[str, Counter[str]]:
     for record in run["results"]:
         table[record["target"]][record[field]] += 1
     return table
+
+
+def verdict_rows(run: dict[str, Any], with_time: bool) -> tuple[list[str], list[list[Any]]]:
+    """Per target: its role, results, and counts by verdict (only the verdicts that occur)."""
+    verdicts = counts(run, "verdict")
+    used = [v for v in VERDICTS if any(c[v] for c in verdicts.values())]
+    headers = ["target", "role", "results", *used] + (["time (s)"] if with_time else [])
+    rows = []
+    for spec in target_specs(run):
+        row = [spec, role_text(run, spec), sum(verdicts[spec].values()), *(verdicts[spec][v] for v in used)]
+        if with_time:
+            row.append(round(sum(r.get("duration_s") or 0.0 for r in run["results"] if r["target"] == spec), 2))
+        rows.append(row)
+    return headers, rows
 
 
 def totals_rows(run: dict[str, Any], with_time: bool) -> tuple[list[str], list[list[Any]]]:
@@ -158,37 +249,45 @@ def worst(outcomes: list[str]) -> str:
     return min(outcomes, key=lambda o: SEVERITY.index(o) if o in SEVERITY else -1)
 
 
+def axes_of(run: dict[str, Any]) -> list[str]:
+    """The axes the results carry, in case-id order."""
+    if run.get("axes"):
+        return list(run["axes"])
+    first = run["results"][0] if run["results"] else {}
+    return [a for a in AXIS_FIELDS if a in first]
+
+
 def present_values(run: dict[str, Any]) -> dict[str, list[str]]:
-    """Per axis, the values the run holds, in AXES order."""
-    seen: dict[str, set[str]] = defaultdict(set)
+    """Per axis, the values the run holds: in the run's declared order, else in stored (matrix) order."""
+    declared = run.get("axes") or {}
+    seen: dict[str, dict[str, None]] = defaultdict(dict)
     for record in run["results"]:
-        for axis in AXES:
-            seen[axis].add(record[axis])
-    return {axis: [v for v in AXES[axis] if v in seen[axis]] + sorted(seen[axis] - set(AXES[axis]))
-            for axis in AXES}
+        for axis in axes_of(run):
+            seen[axis][record[axis]] = None
+    return {axis: [v for v in declared.get(axis, []) if v in seen[axis]] +
+            [v for v in seen[axis] if v not in declared.get(axis, [])] for axis in axes_of(run)}
 
 
-def pivot(run: dict[str, Any]) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[Any, dict[str, str]]]:
+def pivot(run: dict[str, Any], records: list[dict[str, Any]] | None = None,
+          ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[Any, dict[str, str]]]:
     """Rows pipeline x input, columns grad_mode x recompute; per cell and target the worst
     outcome over the other axes, with '!' appended when a verdict there is bad."""
+    found = [r for r in (run["results"] if records is None else records) if r["outcome"] != "skipped"]
     values = present_values(run)
-    rows = [(p, i) for p in values["pipeline"] for i in values["input"]]
-    cols = [(g, r) for g in values["grad_mode"] for r in values["recompute"]]
     seen: dict[Any, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     bad: set[tuple[Any, str]] = set()
-    for record in run["results"]:
+    for record in found:
         key = ((record["pipeline"], record["input"]), (record["grad_mode"], record["recompute"]))
         seen[key][record["target"]].append(record["outcome"])
         if record["verdict"] in BAD_VERDICTS:
             bad.add((key, record["target"]))
-    cells = {key: {spec: worst(found) + ("!" if (key, spec) in bad else "") for spec, found in by_target.items()}
+    rows = [(p, i) for p in values.get("pipeline", []) for i in values.get("input", [])
+            if any(k[0] == (p, i) for k in seen)]
+    cols = [(g, r) for g in values.get("grad_mode", []) for r in values.get("recompute", [])
+            if any(k[1] == (g, r) for k in seen)]
+    cells = {key: {spec: worst(outs) + ("!" if (key, spec) in bad else "") for spec, outs in by_target.items()}
              for key, by_target in seen.items()}
     return rows, cols, cells
-
-
-def case_order(record: dict[str, Any]) -> tuple[int, ...]:
-    """Matrix order (AXES order of each value): the first example is the plainest case."""
-    return tuple(AXES[a].index(record[a]) if record[a] in AXES[a] else len(AXES[a]) for a in AXES)
 
 
 def signature(record: dict[str, Any]) -> tuple[str, str, str]:
@@ -202,7 +301,7 @@ def signature(record: dict[str, Any]) -> tuple[str, str, str]:
 
 
 def failure_groups(run: dict[str, Any]) -> list[dict[str, Any]]:
-    """Non-passing, non-skipped results grouped by signature, most frequent first."""
+    """Failing results grouped by signature, most frequent first; the example is the first stored."""
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
     for record in run["results"]:
         if record["outcome"] in FAILING:
@@ -210,7 +309,6 @@ def failure_groups(run: dict[str, Any]) -> list[dict[str, Any]]:
     order = {spec: i for i, spec in enumerate(target_specs(run))}
     out: list[dict[str, Any]] = []
     for sig, found in groups.items():
-        found.sort(key=lambda r: (order.get(r["target"], len(order)), case_order(r), r["case_id"]))
         by_target = Counter(r["target"] for r in found)
         out.append({"type": sig[0], "location": sig[1], "message": sig[2], "count": len(found),
                     "targets": sorted(by_target.items(), key=lambda kv: order.get(kv[0], len(order))),
@@ -220,51 +318,18 @@ def failure_groups(run: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def needs_attention(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results whose verdict makes the run FAIL, in stored order."""
+    return [r for r in run["results"] if r["verdict"] in BAD_VERDICTS]
+
+
 def show_command(case_id: str, target: str) -> str:
-    return f"repro show {case_id} --target {target} --script"
-
-
-def target_has_fix(run: dict[str, Any], spec: str) -> bool | None:
-    """Whether the run judged the target as carrying the fix, read off its verdicts."""
-    verdicts = {r["verdict"] for r in run["results"] if r["target"] == spec and r["expected"] == "affected"}
-    if verdicts & {"fixed", "regression"}:
-        return True
-    if verdicts & {"reproduced", "unexpected_pass"}:
-        return False
-    return None
-
-
-def oracle_rows(run: dict[str, Any]) -> tuple[list[str], list[list[Any]], list[dict[str, Any]]]:
-    """Predicted-affected versus observed-failing, per target, and the results where the
-    observation contradicts the oracle (unexpected pass, or a failure it did not predict,
-    or a failure on a target with the fix)."""
-    headers = ["target", "has fix", "predicted affected", "observed failing", "affected & failing",
-               "affected, passing", "unaffected, failing"]
-    rows, disagreements = [], []
-    for spec in target_specs(run):
-        ran = [r for r in run["results"] if r["target"] == spec and r["outcome"] not in ("not_applicable", "harness_error")]
-        affected = [r for r in ran if r["expected"] == "affected"]
-        failing = [r for r in ran if r["outcome"] != "pass"]
-        fix = target_has_fix(run, spec)
-        rows.append([spec, {True: "yes", False: "no", None: "?"}[fix], len(affected), len(failing),
-                     sum(r["outcome"] != "pass" for r in affected), sum(r["outcome"] == "pass" for r in affected),
-                     sum(r["expected"] != "affected" for r in failing)])
-        disagreements += [r for r in ran if r["verdict"] in ("regression", "unexpected_pass")]
-    return headers, rows, disagreements
-
-
-def effect_rows(run: dict[str, Any]) -> tuple[list[str], list[list[Any]]]:
-    """Predicted effect against observed outcome, for the affected cases that failed."""
-    table = Counter((r["target"], r["predicted"], r["outcome"]) for r in run["results"]
-                    if r["expected"] == "affected" and r["outcome"] in FAILING)
-    order = {spec: i for i, spec in enumerate(target_specs(run))}
-    rows = [[t, e, o, n] for (t, e, o), n in sorted(table.items(), key=lambda kv: (order.get(kv[0][0], 99), kv[0]))]
-    return ["target", "predicted effect", "observed outcome", "results"], rows
+    return f"repro show {case_id} --target {target} --script --standalone"
 
 
 # ---- formats ----
 
-def render(run: dict[str, Any], fmt: str) -> str:
+def render(run: dict[str, Any], fmt: str, paths: dict[str, str] | None = None) -> str:
     # Imported here: the renderers import this module's views.
     if fmt == "md":
         from repro.render_md import render_markdown
@@ -274,6 +339,10 @@ def render(run: dict[str, Any], fmt: str) -> str:
         from repro.render_md import render_verdict_markdown
 
         return render_verdict_markdown(run)
+    if fmt == "summary":
+        from repro.render_md import render_step_summary
+
+        return render_step_summary(run, paths)
     if fmt == "html":
         from repro.render_html import render_html
 
@@ -287,8 +356,29 @@ def render(run: dict[str, Any], fmt: str) -> str:
     raise UsageError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
 
 
-def write_all_formats(run: dict[str, Any], out_dir: Path) -> None:
-    """report.md, report.html and junit.xml beside the run's run.json."""
+REPORT_FILES = {"report.md": "md", "report.html": "html", "junit.xml": "junit"}
+
+
+def write_all_formats(run: dict[str, Any], out_dir: Path) -> dict[str, str]:
+    """report.md, report.html and junit.xml beside the run's run.json; returns {name: path}.
+    Appends the summary to $GITHUB_STEP_SUMMARY when that is set (GitHub Actions)."""
     out_dir = Path(out_dir)
-    for name, fmt in (("report.md", "md"), ("report.html", "html"), ("junit.xml", "junit")):
+    paths = {}
+    for name, fmt in REPORT_FILES.items():
         (out_dir / name).write_text(render(run, fmt), encoding="utf-8")
+        paths[name] = str(out_dir / name)
+    append_step_summary(run, paths)
+    return paths
+
+
+def append_step_summary(run: dict[str, Any], paths: dict[str, str] | None = None) -> str | None:
+    """The `summary` format appended to $GITHUB_STEP_SUMMARY; returns its path, None when unset."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return None
+    try:
+        with open(target, "a", encoding="utf-8") as handle:
+            handle.write(render(run, "summary", paths))
+    except OSError as exc:
+        raise UsageError(f"cannot append to $GITHUB_STEP_SUMMARY {target} ({exc.strerror})") from None
+    return target

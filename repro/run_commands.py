@@ -6,7 +6,9 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections import Counter
+from datetime import UTC, datetime
 from pathlib import Path
 
 from tabulate import tabulate
@@ -19,12 +21,28 @@ from harness.errors import UsageError
 from harness.model import json_schema
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
-from repro.reports import write_all_formats
-from repro.summary import exit_status, render_terminal
+from repro.progress import Progress, print_status_line
+from repro.reports import load_run, summarize, write_all_formats
 
 
 def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+def rerun_selection(args: argparse.Namespace) -> list | None:
+    """The results --from-run/--verdict/--last-failed/--case ask for; None when none of them is given."""
+    from repro import rerun
+
+    if (args.verdict or args.last_failed) and not args.from_run:
+        raise UsageError("--verdict and --last-failed need --from-run DIR (the run to pick results from)")
+    if args.verdict and args.last_failed:
+        raise UsageError("give --verdict or --last-failed, not both")
+    case_ids = rerun.parse_case_ids(args.case or [])
+    if args.from_run:
+        run = load_run(Path(args.from_run))
+        verdicts = rerun.parse_verdicts(args.verdict) if args.verdict else rerun.LAST_FAILED
+        return rerun.select_from_run(run, verdicts, case_ids)
+    return rerun.select_cases(case_ids) if case_ids else None
 
 
 def target_list(text: str | None) -> list[str] | None:
@@ -41,28 +59,41 @@ def target_list(text: str | None) -> list[str] | None:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if (selection := rerun_selection(args)) is not None:
+        if not selection:
+            print("repro: nothing to re-run: no result matches", file=sys.stderr)
+            return 0
+        # The selection is computed and checked; turning it into cases is the case model's job (issue 9).
+        raise UsageError(f"{len(selection)} results selected, but re-running a selection is not wired into case"
+                         " generation yet; use --only to narrow the matrix meanwhile")
     specs = target_list(args.targets)
     generate(args.matrix, args.only, args.max_cases)
     out_dir = Path(args.out or Path("runs") / args.matrix)
     cache = sources.cache_dir(args.cache_dir)
+    progress = Progress()  # each target's line appears once the runner has planned it
+    started = time.time()
     try:
         run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline, args.max_cases,
-                         progress=_progress, case_timeout=args.case_timeout)
+                         progress=progress, case_timeout=args.case_timeout)
     except (Interrupted, KeyboardInterrupt):
+        progress.close()
         print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}; "
               f"render them with: repro report {out_dir} --format md", file=sys.stderr)
         return 130
+    progress.close()
     if args.perf:
         from harness.bench import parse_modes, run_bench
 
         bench_specs = specs or list(REGRESSIONS["issue22"].default_targets)
         run["perf"] = run_bench(args.matrix, args.only, bench_specs, parse_modes(None), rounds=3, min_run_time=0.05,
                                 out_dir=out_dir, cache=cache, offline=args.offline, progress=_progress)
+    run.setdefault("started_at", datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"))
+    run.setdefault("elapsed_s", round(time.time() - started, 1))
+    run["summary"] = summarize(run)
     (out_dir / "run.json").write_text(json.dumps(run, indent=1))
-    write_all_formats(run, out_dir)
-    print(render_terminal(run))
-    print(f"\nrun dir: {out_dir}")
-    return exit_status(run)
+    paths = write_all_formats(run, out_dir)
+    print_status_line(run, paths)
+    return 0 if run["summary"]["status"] == "PASS" else 1
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -139,6 +170,12 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1), help="xdist workers per target")
     p.add_argument("--perf", action="store_true", help="also benchmark the matrix (as repro bench) into the reports")
     p.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds before a case is recorded as hung")
+    p.add_argument("--from-run", metavar="DIR", help="re-run results of this stored run (with --verdict or --last-failed)")
+    p.add_argument("--verdict", metavar="V[,V]", help="with --from-run: the results with these verdicts (or missing)")
+    p.add_argument("--last-failed", action="store_true",
+                   help="with --from-run: the results that made it FAIL (other_failure, regression, unexpected_pass,"
+                        " harness_error) and those it never wrote")
+    p.add_argument("--case", action="append", metavar="ID", help="run this case id (repeatable)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("list", parents=[selection], help="count cases per axis value without running")

@@ -1,8 +1,11 @@
 """The HTML report in a real browser (headless Chromium through selenium), opened from
-file://: no console errors, nothing fetched, one grid cell per case, filters hide what
-they should, a click shows the case, and markup in a message stays text.
+file://: no console errors, nothing fetched, one grid cell per combination that ran,
+coloured by verdict, one tab stop with arrow keys, accessible names with outcome and
+verdict, banner links into the filters, the details beside the grid at 1024 and 1600 px
+and under it on a narrow screen, and markup in a message stays text.
 
-Skips, with the reason, where selenium, chromium or chromedriver is missing.
+Screenshots go to artifacts/report-<width>.png. Skips, with the reason, where selenium,
+chromium or chromedriver is missing.
 """
 
 from __future__ import annotations
@@ -16,18 +19,18 @@ from typing import Any
 
 import pytest
 
-from harness.engine.script import render_script
 from repro import reports
 from tests.conftest import REPO
-from tests.test_reports import CRASH_CASE, FIXTURE, HOSTILE, planted, with_regression
+from tests.test_reports import CRASH_CASE, FIXTURE, HOSTILE, TARGETS, planted, with_regression
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
-SCREENSHOT = REPO / "artifacts" / "report.png"
+ARTIFACTS = REPO / "artifacts"
 FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync", "--window-size=1600,1000")
 # Installed before the page's own scripts: an alert from injected markup is recorded, not shown.
 RECORD_ALERTS = "window.__alerts = []; window.alert = (m) => { window.__alerts.push(String(m)); };"
+CRASH_CELL = "fused_residual_rmsnorm, non_leaf; no_grad, none"
 
 
 @pytest.fixture(scope="module")
@@ -63,18 +66,19 @@ def run() -> dict[str, Any]:
 def page(driver: Any, run: dict[str, Any], tmp_path: Path) -> Any:
     path = tmp_path / "report.html"
     path.write_text(reports.render(run, "html"), encoding="utf-8")
+    driver.set_window_size(1600, 1000)
     driver.get(path.as_uri())
     return driver
 
 
 def cells(driver: Any) -> dict[str, Any]:
-    from selenium.webdriver.common.by import By
+    """Cells that hold a shown case, by where they are ("row; column")."""
+    found = driver.find_elements("css selector", "#case-grid td:not(.empty)")
+    return {driver.execute_script("return arguments[0].where", c): c for c in found if c.is_displayed()}
 
-    return {c.get_attribute("title"): c for c in driver.find_elements(By.CSS_SELECTOR, "#case-grid .cell")}
 
-
-def visible(driver: Any) -> set[str]:
-    return {title for title, cell in cells(driver).items() if cell.is_displayed()}
+def stripes(cell: Any) -> list[str]:
+    return [s.get_attribute("class").split()[1] for s in cell.find_elements("css selector", ".stripe")]
 
 
 def choose(driver: Any, name: str, text: str) -> None:
@@ -86,64 +90,112 @@ def choose(driver: Any, name: str, text: str) -> None:
 def test_loads_clean_from_file_url(page: Any) -> None:
     assert page.execute_script("return window.__alerts") == [], "markup from the run data ran a script"
     assert page.execute_script("return performance.getEntriesByType('resource').length") == 0, "fetched something"
-    errors = [entry for entry in page.get_log("browser") if entry["level"] == "SEVERE"]
-    assert errors == [], errors
+    assert [e for e in page.get_log("browser") if e["level"] == "SEVERE"] == []
 
 
-def test_one_cell_per_case(page: Any, run: dict[str, Any]) -> None:
-    case_ids = {r["case_id"] for r in run["results"]}
-    found = page.find_elements("css selector", "#case-grid .cell")
-    assert len(found) == len(case_ids)
-    assert set(cells(page)) == case_ids
-    stripes = page.find_elements("css selector", f"#case-grid .cell[title='{CRASH_CASE}'] .seg")
-    assert [s.get_attribute("class") for s in stripes] == ["seg o-crash", "seg o-crash", "seg o-pass", "seg o-pass"]
-    assert "bad" in cells(page)[CRASH_CASE].get_attribute("class")  # the planted regression
+def test_one_cell_per_combination_that_ran_coloured_by_verdict(page: Any, run: dict[str, Any]) -> None:
+    combos = {(f"{r['pipeline']}, {r['input']}; {r['grad_mode']}, {r['recompute']}") for r in run["results"]}
+    assert set(cells(page)) == combos  # nothing drawn for combinations that never ran
+    assert len(page.find_elements("css selector", "#case-grid tbody tr:not([hidden])")) == 4
+    crash = cells(page)[CRASH_CELL]
+    assert stripes(crash) == ["v-reproduced", "v-regression", "v-fixed", "v-fixed"]
+    assert [s.text for s in crash.find_elements("css selector", ".stripe")] == ["R", "!", "✓", "✓"]  # not colour alone
+    label = crash.get_attribute("aria-label")
+    assert label.startswith(CRASH_CELL + ": 1 cases; te-2.13.0: 1 reproduced (crash); te-2.13.0+backport: 1 regression"
+                            " (crash); te-2.16.0: 1 fixed (pass)")
+    choose(page, "colour", "outcome")
+    assert stripes(cells(page)[CRASH_CELL]) == ["o-crash", "o-crash", "o-pass", "o-pass"]
 
 
-def test_filters_hide_cells(page: Any, run: dict[str, Any]) -> None:
-    everything = {r["case_id"] for r in run["results"]}
-    assert visible(page) == everything
+def test_one_tab_stop_and_arrow_keys(page: Any) -> None:
+    from selenium.webdriver.common.keys import Keys
+
+    stops = page.find_elements("css selector", "#case-grid [tabindex='0']")
+    assert len(stops) == 1 and len(page.find_elements("css selector", "#case-grid td[tabindex='-1']")) > 1
+    first = stops[0]
+    first.send_keys(Keys.ARROW_RIGHT)
+    moved = page.switch_to.active_element
+    assert moved != first and moved.get_attribute("tabindex") == "0" and first.get_attribute("tabindex") == "-1"
+    moved.send_keys(Keys.ARROW_DOWN)
+    below = page.switch_to.active_element
+    assert below.get_attribute("data-row") != moved.get_attribute("data-row")
+    below.send_keys(Keys.ENTER)
+    assert page.find_element("css selector", "#details .cell-title").text == page.execute_script(
+        "return arguments[0].where", below)
+
+
+def test_filters_and_banner_links(page: Any, run: dict[str, Any]) -> None:
     choose(page, "input", "non_leaf")
-    assert visible(page) == {c for c in everything if "-non_leaf-" in c}
+    assert all("non_leaf;" in where for where in cells(page))
     choose(page, "input", "any")
-    choose(page, "target", "te-2.13.0")
-    choose(page, "outcome", "crash")
-    crashed = {r["case_id"] for r in run["results"] if r["target"] == "te-2.13.0" and r["outcome"] == "crash"}
-    assert visible(page) == crashed and 0 < len(crashed) < len(everything)
-    stripes = page.find_elements("css selector", f"#case-grid .cell[title='{CRASH_CASE}'] .seg")
-    assert [s.is_displayed() for s in stripes] == [True, False, False, False]  # only the chosen target's
-    choose(page, "target", "any")
-    choose(page, "outcome", "any")
-    choose(page, "verdict", "needs attention")
-    assert visible(page) == {CRASH_CASE}
-    assert page.find_element("css selector", "#filters .count").text == f"1 of {len(everything)} cases shown"
+    page.find_element("css selector", "a.filter-link[data-verdict='attention']").click()
+    assert page.find_element("id", "filter-verdict").get_attribute("value") == "attention"
+    assert list(cells(page)) == [CRASH_CELL]
+    assert page.find_element("css selector", "#filters .count").text == f"1 of {len(run['results']) // 4} cases shown"
+    assert page.find_element("css selector", "#details .cell-title").text == CRASH_CELL  # the link selects it too
 
 
 def test_click_shows_case_details_and_markup_stays_text(page: Any) -> None:
-    cells(page)[CRASH_CASE].click()
+    cells(page)[CRASH_CELL].click()
     details = page.find_element("id", "details")
-    assert details.find_element("css selector", ".case-id").text == CRASH_CASE
+    assert details.find_element("css selector", ".case-id").text == CRASH_CASE  # one case: shown at once
     sections = {s.get_attribute("data-target"): s for s in details.find_elements("css selector", ".target-detail")}
-    assert list(sections) == ["te-2.13.0", "te-2.13.0+backport", "te-2.16.0", "te-2.20.2"]
+    assert list(sections) == TARGETS
     crash = sections["te-2.13.0"]
-    assert "outcome crash, verdict reproduced" in crash.find_element("css selector", ".outcome").text
+    assert "verdict reproduced, outcome crash, expected affected" in crash.find_element("css selector", ".outcome").text
     assert crash.find_element("css selector", ".error-message").text == HOSTILE  # shown as text, every character
-    assert crash.find_element("css selector", ".error-head").text.startswith(
-        "error: RuntimeError at transformer_engine/pytorch/ops/fuser.py:")
     assert "Traceback (most recent call last)" in crash.find_element(
         "css selector", ".traceback pre").get_attribute("textContent")
     assert HOSTILE in crash.find_element("css selector", ".detail-lines").text
-    regression = sections["te-2.13.0+backport"]
-    assert regression.find_element("css selector", ".verdict-bad").text == "regression"
-    for target, section in sections.items():
-        script = section.find_element("css selector", ".script-text").get_attribute("textContent")
-        assert script == render_script(CRASH_CASE, target)  # the browser fills the template as Python does
-    # The message's markup made no element and ran nothing.
+    assert sections["te-2.13.0+backport"].find_element("css selector", ".verdict-bad").text == "regression"
+    script = crash.find_element("css selector", ".script-text").get_attribute("textContent")
+    assert script.startswith(f"repro show {CRASH_CASE} --target te-2.13.0 --script --standalone > case.py")
     assert page.execute_script("return document.scripts.length") == 2
     assert page.execute_script("return document.querySelectorAll('img').length") == 0
     assert page.execute_script("return window.__alerts") == []
     assert [e for e in page.get_log("browser") if e["level"] == "SEVERE"] == []
-    crash.find_element("css selector", ".traceback summary").click()
-    page.execute_script("document.getElementById('case-grid-heading').scrollIntoView()")
-    SCREENSHOT.parent.mkdir(exist_ok=True)
-    assert page.save_screenshot(str(SCREENSHOT))
+
+
+def box(driver: Any, element_id: str) -> dict[str, float]:
+    return driver.execute_script("const r = document.getElementById(arguments[0]).getBoundingClientRect();"
+                                 "return {left: r.left, right: r.right, top: r.top, bottom: r.bottom};", element_id)
+
+
+@pytest.mark.parametrize("width", [1024, 1600])
+def test_grid_and_details_side_by_side(page: Any, width: int) -> None:
+    page.set_window_size(width, 900)
+    cells(page)[CRASH_CELL].click()
+    page.execute_script("document.getElementById('grid-section').scrollIntoView()")
+    grid, details = box(page, "grid-wrap"), box(page, "details")
+    inner = page.execute_script("return [window.innerWidth, window.innerHeight]")
+    assert grid["right"] <= details["left"] and details["right"] <= inner[0]  # both on screen, side by side
+    assert details["top"] < inner[1] and grid["top"] < inner[1]
+    shown = [c for c in cells(page).values() if c.rect["x"] + c.rect["width"] <= grid["right"]
+             and c.rect["y"] < inner[1]]
+    assert len(shown) >= 3, "grid cells are visible beside the details"
+    ARTIFACTS.mkdir(exist_ok=True)
+    assert page.save_screenshot(str(ARTIFACTS / f"report-{width}.png"))
+
+
+def test_details_fold_under_the_grid_on_a_narrow_screen(page: Any) -> None:
+    page.set_window_size(800, 900)
+    grid, details = box(page, "grid-wrap"), box(page, "details")
+    assert details["top"] >= grid["bottom"]
+
+
+def test_issue22_sized_page_opens_with_cells_beside_the_details(driver: Any, tmp_path: Path) -> None:
+    from tests.synthetic import issue22_sized_run
+
+    path = tmp_path / "report.html"
+    path.write_text(reports.render(issue22_sized_run(), "html"), encoding="utf-8")
+    driver.set_window_size(1024, 900)
+    driver.get(path.as_uri())
+    assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []
+    assert driver.find_element("css selector", "#filters .count").text == "6400 of 6400 cases shown"
+    found = cells(driver)
+    next(iter(found.values())).click()
+    driver.execute_script("document.getElementById('grid-section').scrollIntoView()")
+    grid, details = box(driver, "grid-wrap"), box(driver, "details")
+    assert grid["right"] <= details["left"] <= 1024
+    assert len(driver.find_elements("css selector", "#case-grid [tabindex='0']")) == 1
+    assert driver.save_screenshot(str(ARTIFACTS / "report-issue22-1024.png"))

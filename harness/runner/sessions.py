@@ -66,6 +66,7 @@ class ProgressReader:
         self.path, self.offset = path, 0
         self.done: dict[str, int] = {}
         self.failing: dict[str, int] = {}
+        self.verdicts: dict[str, dict[str, int]] = {}
 
     def poll(self) -> None:
         if not self.path.is_file():
@@ -82,6 +83,9 @@ class ProgressReader:
                 self.done[spec] = self.done.get(spec, 0) + 1
                 bad = any(f'"verdict": "{v}"' in line for v in BAD_VERDICTS)
                 self.failing[spec] = self.failing.get(spec, 0) + bad
+                if verdict := re.search(r'"verdict": "([^"]*)"', line):
+                    counts = self.verdicts.setdefault(spec, {})
+                    counts[verdict.group(1)] = counts.get(verdict.group(1), 0) + 1
 
 
 def session_name(spec: str) -> str:
@@ -104,15 +108,16 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
     (case_dir / "pytest.ini").write_text("[pytest]\naddopts =\n")
     # no:warnings: torch.utils.checkpoint warns on every no-grad-input case; capturing
     # thousands of those costs time and tells the record nothing.
+    # Plugin autoloading is off (env below): only the plugins named here load, whatever the host has installed.
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
-               "-p", "harness.runner.plugin", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
+               "-p", "xdist.plugin", "-p", "pytest_timeout", "-p", "harness.runner.plugin", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
                f"--timeout={case_timeout}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", f"--repro-roles={json.dumps(roles)}",
                str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
     command += ["-n", str(max(1, workers))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                          os.environ.get("PYTHONPATH", "")])}
     with open(case_dir / f"{safe}.log", "w") as log:
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
@@ -138,6 +143,10 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
             time.sleep(0.5)
             running = [p for p in running if p.poll() is None]
             reader.poll()
+            if update := getattr(progress, "update", None):  # a live display (repro.progress.Progress)
+                for spec, total in totals.items():
+                    update(spec, reader.done.get(spec, 0) - baseline.get(spec, 0), reader.verdicts.get(spec, {}), total)
+                continue
             line = "  " + "; ".join(f"{spec} {reader.done.get(spec, 0) - baseline.get(spec, 0)}/{total}"
                                     f" ({reader.failing.get(spec, 0)} bad verdicts)" for spec, total in totals.items())
             if line != last:  # report changes only: steady progress, not noise

@@ -1,0 +1,65 @@
+"""A target's TE, importable as `transformer_engine` in a user's own process (`repro exec`).
+
+`exec_environment` gives the child process an environment whose PYTHONPATH starts with
+exec_boot/, whose sitecustomize.py calls `activate` at interpreter start-up: the target is
+loaded through the same loader as a run (the CPU backend, or the native install), and on the
+CPU backend `te.ops` is filled from the loaded target, so `import transformer_engine.pytorch
+as te; te.ops.Sequential(...)` works as it does with an installed TE. TE's own classes are
+used where the target ships them; the CPU backend's ops (RMSNorm, BasicLinear, ...) otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from harness.targets import PreparedTarget
+
+BOOT_DIR = Path(__file__).resolve().parent / "exec_boot"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+TARGET_ENV = "REPRO_EXEC_TARGET"
+MEGATRON_ENV = "REPRO_EXEC_MEGATRON"
+
+
+def exec_environment(prepared: PreparedTarget, megatron: bool, base: dict[str, str]) -> dict[str, str]:
+    """The child's environment: the boot folder and the project first on PYTHONPATH, the target named."""
+    path = [str(BOOT_DIR), str(PROJECT_ROOT)] + ([base["PYTHONPATH"]] if base.get("PYTHONPATH") else [])
+    env = {**base, "PYTHONPATH": os.pathsep.join(path), TARGET_ENV: prepared.to_json(),
+           # The target's files are a source under test: never write bytecode next to them.
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    if megatron:
+        env[MEGATRON_ENV] = "1"
+    return env
+
+
+def activate() -> None:
+    """Load the target named in the environment (no-op without one); exit 2 with one line if it cannot load."""
+    text = os.environ.get(TARGET_ENV)
+    if not text:
+        return
+    from harness.errors import TargetLoadError
+    from harness.targets.loader import load
+
+    prepared = PreparedTarget.from_json(text)
+    try:
+        if os.environ.get(MEGATRON_ENV):
+            # Before the target: importing megatron probes `import transformer_engine`; its RNG
+            # bookkeeping is pointed at the CPU generator on a CPU-only host.
+            from harness.engine.execute import import_megatron
+
+            import_megatron("cpu")
+        loaded = load(prepared)
+    except TargetLoadError as exc:
+        print(f"repro exec: {exc}", file=sys.stderr)
+        sys.exit(2)
+    if prepared.backend != "native":
+        expose_ops(loaded.ops)
+
+
+def expose_ops(ops: dict[str, object]) -> None:
+    """te.ops.<Name> for every op the loaded target has; names TE's module already defines are kept."""
+    namespace = sys.modules["transformer_engine.pytorch.ops"]
+    for name, value in ops.items():
+        if not hasattr(namespace, name):
+            setattr(namespace, name, value)

@@ -1,0 +1,157 @@
+"""What `repro run` shows while it runs, and the one status line it ends with.
+
+On a terminal: one live line per target (rich), with done/total, elapsed time, ETA and
+counters by verdict; a start-up message until the first result arrives. Off a terminal
+(CI logs): one plain line at most every `interval_s` seconds, and a last one at the end.
+The status line is PASS or FAIL in colour (never with NO_COLOR set, or off a terminal),
+each regression's headline, the counts that matter, elapsed time and the report paths.
+
+The runner calls `Progress(totals, tty)` once (totals may be empty when the plan is made
+later), `progress(line)` for a message, `progress.update(spec, done, verdict_counts, total)`
+whenever it has read new results (a spec not seen before gets its line then), and
+`progress.close()`; then `print_status_line(run, paths)`.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TextIO
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import Progress as RichProgress
+
+from repro import reports
+
+# Counters shown live, in this order, when not zero; then the verdicts that need a person.
+LIVE_VERDICTS = ("reproduced", "fixed", "unaffected", "not_applicable")
+STYLES = {"regression": "bold red", "other_failure": "bold red", "unexpected_pass": "bold magenta",
+          "harness_error": "bold red", "reproduced": "blue", "fixed": "green", "unaffected": "dim"}
+
+
+def no_color() -> bool:
+    """https://no-color.org: any non-empty NO_COLOR turns colour off."""
+    return bool(os.environ.get("NO_COLOR"))
+
+
+def verdict_text(counts: Mapping[str, int], markup: bool) -> str:
+    parts = []
+    for verdict in (*LIVE_VERDICTS, *reports.BAD_VERDICTS):
+        n = counts.get(verdict, 0)
+        if not n:
+            continue
+        text = f"{n} {verdict}"
+        parts.append(f"[{STYLES[verdict]}]{text}[/]" if markup and verdict in STYLES else text)
+    return ", ".join(parts) or "no result yet"
+
+
+def _elapsed(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+class Progress:
+    """Progress of a run's target sessions; see the module docstring."""
+
+    def __init__(self, totals: dict[str, int] | None = None, tty: bool | None = None, stream: TextIO | None = None,
+                 interval_s: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.stream = stream or sys.stderr
+        self.tty = self.stream.isatty() if tty is None else tty
+        totals = dict(totals or {})
+        self.totals, self.interval_s, self.clock = totals, interval_s, clock
+        self.done: dict[str, int] = dict.fromkeys(totals, 0)
+        self.verdicts: dict[str, dict[str, int]] = {spec: {} for spec in totals}
+        self.started = clock()
+        self.last_line = -float("inf")
+        self.any_result = False
+        self.live: RichProgress | None = None
+        self.tasks: dict[str, Any] = {}
+        if self.tty:
+            console = Console(file=self.stream, force_terminal=True, no_color=no_color(), highlight=False)
+            self.live = RichProgress(TextColumn("{task.description}"), BarColumn(bar_width=20), MofNCompleteColumn(),
+                                     TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
+                                     TextColumn("{task.fields[verdicts]}"), console=console, transient=False)
+            for spec, total in totals.items():
+                self._set_total(spec, total)
+            self.live.start()
+        self("starting the target sessions (importing torch and each target takes a few seconds)…")
+
+    def _set_total(self, spec: str, total: int) -> None:
+        """A target's total; its line appears on the first one."""
+        self.totals[spec] = total
+        self.done.setdefault(spec, 0)
+        self.verdicts.setdefault(spec, {})
+        if self.live is None:
+            return
+        if spec in self.tasks:
+            self.live.update(self.tasks[spec], total=total)
+        else:
+            self.tasks[spec] = self.live.add_task(spec.ljust(20), total=total, verdicts="starting…")
+
+    def __call__(self, line: str) -> None:
+        """A message: above the live lines on a terminal, a plain line otherwise."""
+        if self.live is not None:
+            self.live.console.print(line, markup=False, highlight=False)
+        else:
+            print(line, file=self.stream, flush=True)
+
+    def update(self, spec: str, done: int, verdict_counts: Mapping[str, int], total: int | None = None) -> None:
+        if spec not in self.totals or (total is not None and total != self.totals[spec]):
+            self._set_total(spec, total if total is not None else 0)
+        self.done[spec] = done
+        self.verdicts[spec] = dict(verdict_counts)
+        self.any_result = self.any_result or done > 0
+        if self.live is not None:
+            self.live.update(self.tasks[spec], completed=done,
+                             verdicts=verdict_text(verdict_counts, markup=True) if done else "starting…")
+            return
+        now = self.clock()
+        if now - self.last_line >= self.interval_s and self.any_result:
+            self.last_line = now
+            self._plain_line()
+
+    def _plain_line(self) -> None:
+        parts = [f"{spec} {self.done[spec]}/{total} ({verdict_text(self.verdicts[spec], markup=False)})"
+                 for spec, total in self.totals.items()]
+        print(f"[{_elapsed(self.clock() - self.started)}] " + "; ".join(parts), file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.stop()
+            self.live = None
+        elif self.any_result:
+            self._plain_line()
+
+
+def status_line(run: dict[str, Any], paths: Mapping[str, str] | None = None) -> str:
+    """One line: PASS/FAIL, the headlines, the counts that matter, elapsed, the report paths."""
+    summary = reports.summarize(run)
+    parts = [summary["status"]]
+    said = [f"{reg}: {'; '.join(lines)}" for reg, lines in reports.headlines(run).items() if lines]
+    parts += said
+    counts = ", ".join(f"{n} {v}" for v, n in summary["verdicts"].items() if v not in reports.BAD_VERDICTS)
+    parts.append(f"{summary['needs_attention']} need a look" + (f" ({', '.join(summary['fail_reasons'])})"
+                                                              if summary["fail_reasons"] else "")
+                 + (f"; {counts}" if counts else ""))
+    if isinstance(summary.get("elapsed_s"), (int, float)):
+        parts.append(_elapsed(summary["elapsed_s"]))
+    if paths:
+        parts.append("reports: " + ", ".join(paths.values()))
+    return " | ".join(parts)
+
+
+def print_status_line(run: dict[str, Any], paths: Mapping[str, str] | None = None, stream: TextIO | None = None,
+                      ) -> None:
+    """The status line, PASS in green or FAIL in red on a terminal without NO_COLOR."""
+    stream = stream or sys.stdout
+    line = status_line(run, paths)
+    status, _, rest = line.partition(" | ")
+    if no_color():  # no colour, and no bold either: plain text
+        print(f" {status}  {rest}", file=stream)
+        return
+    console = Console(file=stream, force_terminal=stream.isatty(), highlight=False, soft_wrap=True)
+    style = "bold white on green" if status == "PASS" else "bold white on red"
+    console.print(f"[{style}] {status} [/] " + rest.replace("[", "\\["))

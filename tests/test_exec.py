@@ -1,0 +1,103 @@
+"""`repro show --script --standalone` and `repro exec`: a reproducer that needs only torch and
+TE, run against a target's TE through the CPU backend. The same script crashes on te-2.13.0
+(issue 22) and passes on te-2.16.0 (the upstream fix)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from harness import targets
+from harness.targets import sources
+from tests.conftest import REPO, repro
+
+CRASH_CASE = "issue22:ops-fused_residual_rmsnorm-no_grad-non_leaf-trainable-none-single-dense-float32-cpu"
+SPLIT_CASE = "issue22:ops-split_fuser-enabled-view-frozen-checkpoint_reentrant-single-dense-float32-cpu"
+
+
+def exec_in(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "repro", "exec", *args], capture_output=True, text=True,
+                          check=False, cwd=REPO, env=env, timeout=300)
+
+
+def standalone(tmp_path: Path, case_id: str, target: str = "te-2.13.0") -> Path:
+    text = repro("show", case_id, "--target", target, "--script", "--standalone", check_rc=0).stdout
+    path = tmp_path / "case.py"
+    path.write_text(text)
+    return path
+
+
+def test_standalone_script_imports_only_torch_and_te(tmp_path: Path) -> None:
+    text = standalone(tmp_path, CRASH_CASE).read_text()
+    imports = re.findall(r"^(?:import|from) (\S+)", text, re.MULTILINE)
+    assert imports == ["torch", "transformer_engine.pytorch"]
+    assert "import transformer_engine.pytorch as te" in text and "te.ops.Sequential(" in text
+    assert "te.ops.MakeExtraOutput()," in text and "te.ops.RMSNorm(16, device=DEVICE, dtype=DTYPE)," in text
+    assert "with torch.no_grad():" in text and "x = base * 2" in text
+    compile(text, "case.py", "exec")
+
+
+@pytest.mark.parametrize("target, passes", [("te-2.13.0", False), ("te-2.16.0", True)])
+def test_standalone_script_through_exec(target: str, passes: bool, tmp_path: Path) -> None:
+    script = standalone(tmp_path, CRASH_CASE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}  # so a write would show
+    result = exec_in(tmp_path, "--target", target, "--", sys.executable, str(script), env=env)
+    if passes:
+        assert result.returncode == 0, result.stderr
+        assert "OK: behaves as unfused PyTorch" in result.stdout
+    else:
+        assert result.returncode == 1
+        assert "transformer_engine/pytorch/ops/fuser.py" in result.stderr
+        assert "RuntimeError: you can only change requires_grad flags of leaf variables" in result.stderr
+    te_dir = Path(targets.prepare(target, sources.cache_dir()).root or "") / "transformer_engine"
+    assert not list(te_dir.rglob("__pycache__")), "exec wrote bytecode into the target"
+
+
+def test_standalone_split_fuser_under_checkpoint(tmp_path: Path) -> None:
+    script = standalone(tmp_path, SPLIT_CASE)
+    text = script.read_text()
+    assert "class Tanh(torch.nn.Module):" in text and "use_reentrant=True" in text
+    result = exec_in(tmp_path, "--target", "te-2.16.0", "--", sys.executable, str(script))
+    assert result.returncode == 0, result.stdout + result.stderr
+    crashed = exec_in(tmp_path, "--target", "te-2.13.0", "--", sys.executable, str(script))
+    assert crashed.returncode == 1 and "only change requires_grad flags of leaf variables" in crashed.stderr
+
+
+def test_exec_gives_te_ops_from_the_loaded_target(tmp_path: Path) -> None:
+    code = ("import transformer_engine.pytorch as te; "
+            "print(te.ops.MakeExtraOutput.__module__, te.ops.RMSNorm.__module__, te.ops.Sequential.__module__)")
+    result = exec_in(tmp_path, "--target", "te-2.16.0", "--", sys.executable, "-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["transformer_engine.pytorch.ops.basic.make_extra_output",
+                                     "harness.targets.cpu_backend.ops", "transformer_engine.pytorch.ops.sequential"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--target", "te-nonsense", "--", "python", "-c", "pass"], "unknown target spec 'te-nonsense'"),
+    (["--target", "te-2.16.0"], "exec needs a command after --"),
+    (["--target", "te-2.16.0", "--", "no-such-command-here"], "command not found: no-such-command-here"),
+])
+def test_exec_bad_input_is_one_line_exit_2(args: list[str], message: str, tmp_path: Path) -> None:
+    result = exec_in(tmp_path, *args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert len(result.stderr.strip().splitlines()) == 1 and message in result.stderr
+
+
+def test_show_standalone_needs_script() -> None:
+    result = repro("show", CRASH_CASE, "--standalone", check_rc=2)
+    assert "--standalone goes with --script" in result.stderr
+
+
+def test_standalone_megatron_recompute_through_exec(tmp_path: Path) -> None:
+    """Megatron's own CheckpointFunction around te.ops: crashes on te-2.13.0, passes on te-2.16.0."""
+    script = standalone(tmp_path, "issue22:ops-fused_residual_rmsnorm-enabled-non_leaf-trainable-megatron-single-dense-float32-cpu")
+    assert "megatron_random.checkpoint(model, False, *args)" in script.read_text()
+    crashed = exec_in(tmp_path, "--target", "te-2.13.0", "--megatron", "--", sys.executable, str(script))
+    assert crashed.returncode == 1 and "only change requires_grad flags of leaf variables" in crashed.stderr
+    passed = exec_in(tmp_path, "--target", "te-2.16.0", "--megatron", "--", sys.executable, str(script))
+    assert passed.returncode == 0, passed.stderr
