@@ -12,20 +12,26 @@ from harness import targets
 from harness.errors import TargetLoadError, UsageError
 from harness.targets import sources
 from harness.targets.probing import probe
+from repro import validate
 
 
-def _prepare_row(spec: str, cache, offline: bool) -> tuple[targets.PreparedTarget | None, str | None]:
+def _prepare_row(spec: str, cache, offline: bool,
+                 fork_config: str | None) -> tuple[targets.PreparedTarget | None, str | None]:
     try:
-        return targets.prepare(spec, cache, offline), None
+        return targets.prepare(spec, cache, offline, fork_config), None
     except TargetLoadError as exc:
         return None, str(exc)
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
+    specs = args.specs or list(targets.DEFAULT_TARGETS)
+    for spec in specs:
+        targets.parse_spec(spec)
+    targets.check_unique(specs)
     cache = sources.cache_dir(args.cache_dir)
     rows = []
-    for spec in args.specs or targets.DEFAULT_TARGETS:
-        prepared, error = _prepare_row(spec, cache, args.offline)
+    for spec in specs:
+        prepared, error = _prepare_row(spec, cache, args.offline, args.fork_config)
         if prepared is None:
             rows.append([spec, "-", "-", "-", "-", "-", f"unavailable: {error}"])
             continue
@@ -41,8 +47,9 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
 
 def cmd_minimal(args: argparse.Namespace) -> int:
+    targets.parse_spec(args.target)
     cache = sources.cache_dir(args.cache_dir)
-    prepared = targets.prepare(args.target, cache, args.offline)
+    prepared = targets.prepare(args.target, cache, args.offline, args.fork_config)
     if prepared.patch_status == "conflict":
         print(f"{prepared.spec}: patch {prepared.patch} conflicts:\n{prepared.patch_detail}")
         return 1
@@ -62,18 +69,21 @@ def cmd_minimal(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="repro", description="Reproduce and verify TE op-fuser issue 22.")
+    parser = validate.OneLineParser(prog="repro", description="Reproduce and verify TE op-fuser issue 22.")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--cache-dir", help=f"target cache (default ${sources.CACHE_ENV} or the XDG cache dir)")
     common.add_argument("--offline", action="store_true", help="use only the cache; never download")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("targets", parents=[common], help="list targets with their source, hash and patch status")
-    p.add_argument("specs", nargs="*", help=f"target specs ({targets.SPEC_FORMS})")
+    p.add_argument("specs", nargs="*", help=f"target specs ({targets.SPEC_FORMS}); +name is a patch only when "
+                   "patches/name.toml exists; end a path in / to keep a +name that is a patch's")
+    p.add_argument("--fork-config", metavar="FILE", help="a fork's TOML config for path: and installed targets")
     p.set_defaults(func=cmd_targets)
 
     p = sub.add_parser("minimal", parents=[common], help="run the bug report's minimal scenario on one target")
-    p.add_argument("--target", required=True)
+    p.add_argument("--target", required=True, metavar="SPEC", help=f"one target ({targets.SPEC_FORMS})")
+    p.add_argument("--fork-config", metavar="FILE", help="a fork's TOML config for a path: or installed target")
     p.set_defaults(func=cmd_minimal)
 
     from repro import bench_commands, report_commands, run_commands
@@ -83,13 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
         return args.func(args)
-    except UsageError as exc:
-        print(f"repro: error: {exc}", file=sys.stderr)
+    except (UsageError, TargetLoadError) as exc:
+        print(f"repro: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("repro: interrupted", file=sys.stderr)

@@ -9,13 +9,14 @@ say how many results are missing.
 from __future__ import annotations
 
 import json
+import shlex
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
 from cases.axes import AXES
 from harness.errors import UsageError
-from harness.runner import records
+from harness.runner import records, rundir
 from repro.summary import BAD_VERDICTS, OUTCOMES, VERDICTS
 
 FORMATS = ("md", "verdict-md", "html", "junit", "json")
@@ -47,6 +48,7 @@ def _read_json(path: Path) -> dict[str, Any]:
         raise UsageError(f"cannot read {path}: {exc}") from None
     if not isinstance(run, dict) or run.get("schema") != records.SCHEMA:
         raise UsageError(f"{path} is not a {records.SCHEMA} run")
+    rundir.check_run_document(run, path)
     return run
 
 
@@ -213,7 +215,7 @@ def failure_groups(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def show_command(case_id: str, target: str) -> str:
-    return f"repro show {case_id} --target {target} --script"
+    return shlex.join(["repro", "show", case_id, "--target", target, "--script"])
 
 
 def target_has_fix(run: dict[str, Any], spec: str) -> bool | None:
@@ -283,4 +285,4 @@ def write_all_formats(run: dict[str, Any], out_dir: Path) -> None:
     """report.md, report.html and junit.xml beside the run's run.json."""
     out_dir = Path(out_dir)
     for name, fmt in (("report.md", "md"), ("report.html", "html"), ("junit.xml", "junit")):
-        (out_dir / name).write_text(render(run, fmt), encoding="utf-8")
+        rundir.write_atomic(out_dir / name, render(run, fmt))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any
@@ -101,16 +100,8 @@ def _prepared_json_from_config() -> str:
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Records from a JSONL file; a corrupt or truncated line is reported by number and skipped."""
-    records: list[dict[str, Any]] = []
-    problems: list[str] = []
-    if not path.is_file():
-        return records, problems
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            problems.append(f"{path.name} line {number}: corrupt record skipped ({exc.msg})")
-    return records, problems
+    """Records from a JSONL file; a line that is corrupt, not UTF-8, not an object or
+    lacking a record's keys is reported by number and skipped."""
+    from harness.runner.rundir import read_results
+
+    return read_results(path)

@@ -3,6 +3,8 @@ pytest-xdist workers, results streamed to results.jsonl, then gathered into run.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import platform
@@ -21,7 +23,7 @@ import torch
 from cases.matrix import Case, generate, skip_reason
 from harness import targets
 from harness.errors import UsageError
-from harness.runner import records
+from harness.runner import completeness, lifetime, records, rundir
 from harness.runner.plugin import append_records
 
 CASE_TIMEOUT_S = 120
@@ -41,7 +43,8 @@ def environment(prepared: list[targets.PreparedTarget], descriptions: dict[str, 
     return {
         "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
         "machine": platform.node(),
-        "targets": [{"spec": p.spec, "version": p.version, "fuser_sha": p.fuser_sha, "patch": p.patch,
+        "targets": [{"spec": p.spec, "version": p.version, "fuser_sha": p.fuser_sha, "content_sha": p.content_sha,
+                     "provenance": p.provenance, "fork_config": p.fork_config, "patch": p.patch,
                      "patch_status": p.patch_status, "patch_detail": p.patch_detail, "backend": p.backend,
                      "source": p.source, "description": descriptions.get(p.spec, "")} for p in prepared],
     }
@@ -93,20 +96,38 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir:
     # no:warnings: torch.utils.checkpoint warns on every no-grad-input case; capturing
     # thousands of those costs time and tells the record nothing.
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
-               "-p", "harness.runner.plugin", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
+               "-p", "harness.runner.plugin", "-p", "harness.runner.lifetime", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
                f"--timeout={case_timeout}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
-    command += ["-n", str(max(1, workers))]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                                         os.environ.get("PYTHONPATH", "")])}
+    # A crash costs one worker, so a target that crashes on every case still gets a fresh
+    # worker for each (xdist's default of 5 restarts left the rest of its cases unrun).
+    command += ["-n", str(max(1, workers)), f"--max-worker-restart={len(cases) + 1}"]
+    env = lifetime.session_env({**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
     with open(case_dir / f"{safe}.log", "w") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # Own process group (stopped as a whole), and killed by the kernel if we die.
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=functools.partial(lifetime.die_with_parent, os.getpid()))  # noqa: PLW1509 — only prctl and getppid
+
+
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Stop each session's whole process group (controller and workers)."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case]]], out_dir: Path, jsonl: Path, workers: int,
-                  progress: Callable[[str], None], case_timeout: float) -> None:
+                  progress: Callable[[str], None], case_timeout: float) -> dict[str, int]:
     """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
     seconds, so for ordinary selections the sessions run side by side, one worker each;
     a session too large for that gets all the workers, one session at a time."""
@@ -114,6 +135,8 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case]]], out_dir
     concurrent, per_session = (1, workers) if large else (max(1, workers), 1)
     reader, pending, last = ProgressReader(jsonl), list(plan), ""
     running: list[subprocess.Popen[bytes]] = []
+    exits: dict[str, int] = {}
+    started: dict[int, str] = {}
     reader.poll()
     baseline = dict(reader.done)
     totals = {t.spec: len(cases) for t, cases in plan}
@@ -122,7 +145,9 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case]]], out_dir
             while pending and len(running) < concurrent:
                 target, cases = pending.pop(0)
                 running.append(_start_session(target, cases, out_dir, jsonl, per_session, case_timeout))
+                started[running[-1].pid] = target.spec
             time.sleep(0.5)
+            exits.update({started[p.pid]: p.returncode for p in running if p.poll() is not None})
             running = [p for p in running if p.poll() is None]
             reader.poll()
             line = "  " + "; ".join(f"{spec} {reader.done.get(spec, 0) - baseline.get(spec, 0)}/{total}"
@@ -132,10 +157,8 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case]]], out_dir
                 last = line
     finally:
         # Interrupted (Ctrl-C, SIGTERM): stop the sessions; what they wrote stays in the JSONL.
-        for process in running:
-            process.terminate()
-        for process in running:
-            process.wait()
+        _stop(running)
+    return exits
 
 
 class Interrupted(Exception):
@@ -148,15 +171,15 @@ def _raise_interrupted(signum: int, _frame: Any) -> None:
 
 def run_matrix(matrix: str, only: list[str] | None, specs: list[str], out_dir: Path, workers: int, cache: Path,
                offline: bool = False, max_cases: int | None = None,
-               progress: Callable[[str], None] = print, case_timeout: float = CASE_TIMEOUT_S) -> dict[str, Any]:
+               progress: Callable[[str], None] = print, case_timeout: float = CASE_TIMEOUT_S,
+               fork_config: str | None = None) -> dict[str, Any]:
     cases = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}))
+    prepared = [targets.prepare(spec, cache, offline, fork_config) for spec in specs]
     check_out_dir(out_dir)
-    prepared = [targets.prepare(spec, cache, offline) for spec in specs]
+    rundir.remove_stale(out_dir)
     jsonl = out_dir / "results.jsonl"
-    jsonl.unlink(missing_ok=True)
-    (out_dir / "run.json").unlink(missing_ok=True)
     # Written first, so a run that dies can still say how many results it is missing.
-    (out_dir / "run-meta.json").write_text(json.dumps({
+    rundir.write_atomic(out_dir / "run-meta.json", json.dumps({
         "matrix": matrix, "only": only or [], "targets": specs, "expected_results": len(cases) * len(prepared)}))
     from harness.targets.devices import unavailable_reasons
 
@@ -176,11 +199,13 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str], out_dir: P
         plan.append((target, runnable))
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout)
+        exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout)
     finally:
         signal.signal(signal.SIGTERM, previous)
     descriptions = {target.spec: _read_description(out_dir, target) for target in prepared}
-    return assemble(out_dir, matrix, cases, prepared, descriptions)
+    run = assemble(out_dir, matrix, cases, prepared, descriptions)
+    run["not_run"] = completeness.not_run(run, cases, prepared, exits, out_dir / "sessions")
+    return run
 
 
 def assemble(out_dir: Path, matrix: str, cases: list[Case], prepared: list[targets.PreparedTarget],

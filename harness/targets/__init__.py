@@ -13,7 +13,7 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from harness.errors import UsageError
+from harness.errors import TargetLoadError, UsageError
 from harness.targets import forkconfig, patching, sources
 
 DEFAULT_TARGETS = ("te-2.13.0", "te-2.13.0+backport", "te-2.16.0", "te-2.20.2")
@@ -116,12 +116,18 @@ class PreparedTarget:
 def _installed_root() -> Path:
     spec = importlib.util.find_spec("transformer_engine")
     if spec is None or not spec.submodule_search_locations:
-        raise UsageError("target installed: no transformer_engine is importable in this environment; "
-                         "install TE, or name a release (te-<x.y.z>) or a checkout (path:<dir>)")
+        raise TargetLoadError("installed: no transformer_engine is importable in this environment; install TE, "
+                              "or name a release (te-<x.y.z>) or a checkout (path:<dir>)")
     package_dir = Path(next(iter(spec.submodule_search_locations)))
     if not (package_dir / "pytorch/ops/fuser.py").is_file():
-        raise UsageError(f"target installed: {package_dir} has no pytorch/ops/fuser.py (not TE's PyTorch part)")
+        raise TargetLoadError(f"installed: {package_dir} has no pytorch/ops/fuser.py (not TE's PyTorch part)")
     return package_dir.parent
+
+
+def check_available(specs: list[str]) -> None:
+    """Refuse, before any work, a spec that cannot be had on this machine (installed TE)."""
+    if any(parse_spec(spec).kind == "installed" for spec in specs):
+        _installed_root()
 
 
 def source_roots(specs: list[str]) -> list[Path]:
