@@ -102,7 +102,8 @@ def test_concurrent_runs_share_a_cold_cache(tmp_path: Path) -> None:
 
 def test_corrupt_jsonl_lines_are_reported_and_skipped(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
-    path.write_text('{"case_id": "a"}\n{"case_id": "b", "trunc\nnot json at all\n{"case_id": "c"}\n')
+    keys = '"target": "t", "outcome": "pass", "verdict": "unaffected", "expected": "unaffected"'
+    path.write_text(f'{{"case_id": "a", {keys}}}\n{{"case_id": "b", "trunc\nnot json at all\n{{"case_id": "c", {keys}}}\n')
     records, problems = read_jsonl(path)
     assert [r["case_id"] for r in records] == ["a", "c"]
     assert [p.split(":")[0] for p in problems] == ["results.jsonl line 2", "results.jsonl line 3"]
