@@ -58,7 +58,7 @@ def claim(out_dir: Path) -> Iterator[None]:
             pass
     except OSError as exc:
         raise UsageError(f"output dir {out_dir} is not writable ({exc.strerror}); pass a writable --out") from None
-    lock = FileLock(out_dir / LOCK_NAME, blocking=False)
+    lock = FileLock(out_dir / LOCK_NAME, timeout=0)
     try:
         lock.acquire()
     except Timeout:
