@@ -30,6 +30,7 @@ def _progress(line: str) -> None:
 def cmd_run(args: argparse.Namespace) -> int:
     # Every option is checked before anything is written (the cache included).
     specs = validate.target_specs(args.targets, args.target, targets.DEFAULT_TARGETS)
+    validate.check_fork_config(args.fork_config, specs)
     validate.check_only(args.only)
     generate(args.matrix, args.only, args.max_cases)
     out_dir = Path(args.out or Path("runs") / args.matrix)

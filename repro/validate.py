@@ -67,3 +67,16 @@ def target_specs(listed: str | None, single: list[str] | None, default: tuple[st
 
 def check_out(out_dir: Path, specs: list[str], cache: Path) -> None:
     rundir.check_out_location(out_dir, targets.source_roots(specs), cache)
+
+
+def check_fork_config(path: str | None, specs: list[str]) -> None:
+    """`--fork-config` must be a valid fork config, and some target must be a tree it applies to."""
+    if path is None:
+        return
+    if not any(targets.parse_spec(spec).kind in ("path", "installed") for spec in specs):
+        raise UsageError("--fork-config applies to path: and installed targets; none is among the targets")
+    from harness.targets import forkconfig
+
+    found = forkconfig.find(Path("."), path)
+    if found is not None:
+        forkconfig.load(found)

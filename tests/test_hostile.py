@@ -85,6 +85,8 @@ BAD_OPTIONS = {
     "path without dir": (["--targets", "path:"], "names no directory"),
     "missing path": (["--targets", "path:/nonexistent/te"], "is not a directory"),
     "installed without TE": (["--targets", "installed"], "no transformer_engine is importable"),
+    "fork config for a release": (["--targets", "te-2.13.0", "--fork-config", "x.toml"], "applies to path:"),
+    "missing fork config": (["--targets", "path:.", "--fork-config", "/nonexistent.toml"], "no such file"),
     "unknown option": (["--bogus"], "unrecognized arguments"),
 }
 
@@ -443,7 +445,10 @@ def test_fork_load_errors_name_file_line_module_and_symbol(fork: Path, tmp_path:
     out = cli("targets", f"path:{fork}").stdout
     assert f"transformer_engine/pytorch/ops/op.py:{line} imports module torch_npu" in out, out
 
-    op.write_text(original.replace("\nimport torch\n", "\nimport torch\nfrom ..quantization import npu_on\n", 1))
+    # The fork's own symbol in a stood-in module, and its own real submodule of tensor/.
+    (fork / "transformer_engine/pytorch/tensor/npu_tensor.py").write_text("NPU_TENSOR = 1\n")
+    op.write_text(original.replace("\nimport torch\n", "\nimport torch\nfrom ..quantization import npu_on\n"
+                                   "from ..tensor.npu_tensor import NPU_TENSOR\n", 1))
     out = cli("targets", f"path:{fork}").stdout
     assert "op.py:" in out and "transformer_engine.pytorch.quantization.npu_on" in out, out
     config = tmp_path / "fork.toml"
