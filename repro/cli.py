@@ -23,6 +23,11 @@ def _prepare_row(spec: str, cache, offline: bool,
         return None, str(exc)
 
 
+def _provenance(prepared: targets.PreparedTarget) -> str:
+    git = prepared.provenance
+    return f" (git {git['git_commit'][:12]} on {git['git_branch']}, {git['git_state']})" if git else ""
+
+
 def cmd_targets(args: argparse.Namespace) -> int:
     specs = args.specs or list(targets.DEFAULT_TARGETS)
     for spec in specs:
@@ -38,11 +43,11 @@ def cmd_targets(args: argparse.Namespace) -> int:
         report = probe(prepared) if prepared.patch_status != "conflict" else {"load_error": "not loaded: patch conflict"}
         status = "loaded" if not report["load_error"] else f"error: {report['load_error']}"
         patch = prepared.patch_status if not prepared.patch else f"{prepared.patch_status} ({prepared.patch_detail.splitlines()[0] if prepared.patch_detail else ''})"
-        rows.append([prepared.spec, prepared.kind + ": " + prepared.source, prepared.version, prepared.fuser_sha,
-                     patch, prepared.backend, status])
+        rows.append([prepared.spec, prepared.kind + ": " + prepared.source + _provenance(prepared), prepared.version,
+                     f"{prepared.fuser_sha} ({prepared.content_sha})", patch, prepared.backend, status])
         if report.get("description"):
             rows[-1][-1] += f" — {report['description']}"
-    print(tabulate(rows, headers=["spec", "source", "version", "fuser.py", "patch", "backend", "load"]))
+    print(tabulate(rows, headers=["spec", "source", "version", "fuser.py (all files)", "patch", "backend", "load"]))
     return 0
 
 

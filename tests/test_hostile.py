@@ -81,6 +81,7 @@ BAD_OPTIONS = {
     "zero max cases": (["--max-cases", "0"], "give 1 or more"),
     "repeated --only axis": (["--only", "pipeline=rmsnorm", "--only", "pipeline=identity"], "given twice"),
     "short version": (["--targets", "te-2.13"], "write te-2.13.0"),
+    "non-canonical version": (["--targets", "te-2.6.0post1"], "te-2.6.0.post1"),
     "unknown patch": (["--targets", "te-2.13.0+nopatch"], "valid patches: backport"),
     "path without dir": (["--targets", "path:"], "names no directory"),
     "missing path": (["--targets", "path:/nonexistent/te"], "is not a directory"),

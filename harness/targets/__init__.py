@@ -13,6 +13,8 @@ import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from packaging.version import Version
+
 from harness.errors import TargetLoadError, UsageError
 from harness.targets import forkconfig, patching, sources
 
@@ -55,6 +57,9 @@ def parse_spec(text: str) -> TargetSpec:
         return TargetSpec(text, "installed", "", patch)
     match = re.fullmatch(rf"te-({_VERSION})", base)
     if match:
+        canonical = str(Version(match.group(1)))
+        if canonical != match.group(1):  # the cache and the index name a release one way
+            raise UsageError(f"target spec {text!r}: write the release as te-{canonical}")
         return TargetSpec(text, "wheel", match.group(1), patch)
     if re.fullmatch(r"te-\d+\.\d+", base):
         raise UsageError(f"target spec {text!r} is not a full release version; write {base}.0 (te-<x.y.z>)")
