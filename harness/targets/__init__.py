@@ -40,7 +40,7 @@ def parse_spec(text: str) -> TargetSpec:
     so a path such as `path:te-2.14.0+ascend` needs no escaping; a trailing `/`
     (`path:dir+backport/`) names a directory whose name ends in a patch's name."""
     if not text or text != text.strip():
-        raise UsageError(f"empty or blank target spec {text!r}; valid forms: {SPEC_FORMS}")
+        raise UsageError(f"target spec {text!r} is empty or has surrounding spaces; valid forms: {SPEC_FORMS}")
     base, patch = text, None
     head, sep, tail = text.rpartition("+")
     if sep and patching.is_patch_name(tail):
