@@ -262,8 +262,8 @@ def test_second_run_refused_stale_reports_removed_and_sigkill_ends_every_process
     for stale in ("report.md", "report.html", "junit.xml", "run.json"):
         (out / stale).write_text("from an earlier run")
     hang = {"rmsnorm-enabled-leaf-trainable-none-single-float32-cpu": "hang"}
-    first = subprocess.Popen([sys.executable, "-m", "repro", "run", *SMOKE, "--targets", "te-2.20.2", "--out", str(out)],
-                             cwd=REPO, env={**os.environ, ENV: json.dumps(hang)}, stdout=subprocess.DEVNULL,
+    command = [sys.executable, "-m", "repro", "run", *SMOKE, "--targets", "te-2.20.2", "--out", str(out)]
+    first = subprocess.Popen(command, cwd=REPO, env={**os.environ, ENV: json.dumps(hang)}, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
@@ -312,7 +312,8 @@ def test_target_segfaulting_on_every_affected_case_gets_every_record(tmp_path: P
               if issue22.predict(c).expected == "affected" and skip_reason(c) is None}
     assert len(faults) > 5  # more crashes than xdist's default worker restarts
     args = [a for item in only for a in ("--only", item)]
-    result = cli("run", *args, "--targets", "te-2.16.0", "-n", "1", "--out", str(tmp_path), env={ENV: json.dumps(faults)})
+    result = cli("run", *args, "--targets", "te-2.16.0", "-n", "1", "--out", str(tmp_path),
+                 env={ENV: json.dumps(faults)})
     run = json.loads((tmp_path / "run.json").read_text())
     assert {r["case_id"] for r in run["results"]} == {c.case_id for c in cases}, result.stderr
     assert all(r["outcome"] == "crash" for r in run["results"] if r["case_id"] in faults)
@@ -338,7 +339,8 @@ def partial_run(tmp_path: Path) -> Path:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     good = [json.dumps(r) for r in fixture["results"][:3]]
-    lines = [good[0].encode(), b"[1, 2]", b'{"case_id": "x"}', b"\xff\xfe not utf-8", b"{not json", *map(str.encode, good[1:])]
+    lines = [good[0].encode(), b"[1, 2]", b'{"case_id": "x"}', b"\xff\xfe not utf-8", b"{not json",
+             *map(str.encode, good[1:])]
     (run_dir / "results.jsonl").write_bytes(b"\n".join(lines) + b"\n")
     specs = list(dict.fromkeys(r["target"] for r in fixture["results"][:3]))
     (run_dir / "run-meta.json").write_text(json.dumps({"matrix": "smoke", "targets": specs}))

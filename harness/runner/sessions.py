@@ -96,7 +96,8 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir:
     # no:warnings: torch.utils.checkpoint warns on every no-grad-input case; capturing
     # thousands of those costs time and tells the record nothing.
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
-               "-p", "harness.runner.plugin", "-p", "harness.runner.lifetime", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
+               "-p", "harness.runner.plugin", "-p", "harness.runner.lifetime", "-p", "no:cacheprovider",
+               "-p", "no:warnings", "-q", "--no-header", "-rN",
                f"--timeout={case_timeout}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
@@ -107,9 +108,11 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], out_dir:
     env = lifetime.session_env({**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
     with open(case_dir / f"{safe}.log", "w") as log:
-        # Own process group (stopped as a whole), and killed by the kernel if we die.
+        # Own process group (stopped as a whole), and killed by the kernel if we die. The
+        # pre-exec hook only calls prctl and getppid, safe between fork and exec.
+        arm = functools.partial(lifetime.die_with_parent, os.getpid())
         return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                preexec_fn=functools.partial(lifetime.die_with_parent, os.getpid()))  # noqa: PLW1509 — only prctl and getppid
+                                preexec_fn=arm)  # noqa: PLW1509
 
 
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:

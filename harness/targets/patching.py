@@ -92,11 +92,13 @@ def parse_markers(raw: Any, where: str) -> tuple[Marker, ...]:
     markers = []
     for table in tables:
         if set(table) != MARKER_KEYS or not all(isinstance(v, str) and v for v in table.values()):
-            raise UsageError(f"{where}: a marker needs exactly the string keys file, pattern, means; got {sorted(table)}")
+            raise UsageError(f"{where}: a marker needs exactly the string keys file, pattern, means; "
+                             f"got {sorted(table)}")
         try:
             re.compile(table["pattern"])
         except re.error as exc:
-            raise UsageError(f"{where}: marker pattern {table['pattern']!r} is not a regular expression ({exc})") from None
+            raise UsageError(f"{where}: marker pattern {table['pattern']!r} is not a regular expression "
+                             f"({exc})") from None
         inside(Path("/nonexistent-tree"), table["file"], f"{where}: marker file")
         markers.append(Marker(table["file"], table["pattern"], table["means"]))
     return tuple(markers)
