@@ -464,3 +464,16 @@ def test_fork_load_errors_name_file_line_module_and_symbol(fork: Path, tmp_path:
     fuser.write_text(fuser.read_text() + "\ndef broken(:\n")
     out = cli("targets", f"path:{fork}").stdout
     assert "SyntaxError" in out and "fuser.py:" in out and "already imported" not in out, out
+
+
+def test_fork_config_renamed_op(fork: Path, tmp_path: Path) -> None:
+    basic = fork / "transformer_engine/pytorch/ops/basic"
+    text = (basic / "make_extra_output.py").read_text()
+    (basic / "make_extra_output.py").unlink()
+    (basic / "npu_extra_output.py").write_text(text.replace("class MakeExtraOutput(", "class NpuExtraOutput("))
+    out = cli("targets", f"path:{fork}").stdout
+    assert "MakeExtraOutput" not in out.split("TE's own:")[1].split(";")[0], out
+    config = tmp_path / "fork.toml"
+    config.write_text('[renamed_ops]\nMakeExtraOutput = "npu_extra_output:NpuExtraOutput"\n')
+    out = cli("targets", f"path:{fork}", "--fork-config", str(config)).stdout
+    assert "MakeExtraOutput (as NpuExtraOutput)" in out, out
