@@ -53,8 +53,6 @@ def render_notes(perf: dict[str, Any]) -> str:
 def cmd_bench(args: argparse.Namespace) -> int:
     specs = validate.target_specs(args.targets, None, bench.DEFAULT_TARGETS)
     validate.check_only(args.only)
-    if args.rounds < 2:
-        raise UsageError(f"--rounds {args.rounds} is too few; give 2 or more")
     modes = bench.parse_modes(args.modes)
     generate(args.matrix, args.only)
     if args.fail_on_slowdown is not None and bench_stats.pairings(specs, args.upstream)[
