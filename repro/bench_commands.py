@@ -11,10 +11,11 @@ from typing import Any
 from tabulate import tabulate
 
 from cases.matrix import generate, matrix_names
-from harness import bench, targets
+from harness import bench
 from harness.bench import stats as bench_stats
 from harness.errors import UsageError
 from harness.targets import sources
+from repro import validate
 
 
 def _progress(line: str) -> None:
@@ -50,11 +51,8 @@ def render_notes(perf: dict[str, Any]) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    specs = [s for s in (args.targets.split(",") if args.targets else bench.DEFAULT_TARGETS) if s]
-    for spec in specs:
-        targets.parse_spec(spec)  # fail fast on a bad spec, before any work
-    if len(set(specs)) != len(specs):
-        raise UsageError("--targets names a target twice")
+    specs = validate.target_specs(args.targets, None, bench.DEFAULT_TARGETS)
+    validate.check_only(args.only)
     modes = bench.parse_modes(args.modes)
     generate(args.matrix, args.only)
     if args.fail_on_slowdown is not None and bench_stats.pairings(specs, args.upstream)[
@@ -96,8 +94,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--upstream", default=bench.DEFAULT_UPSTREAM, help="the upstream-fixed target for "
                    f"'{bench_stats.BACKPORT_VS_UPSTREAM}' (default {bench.DEFAULT_UPSTREAM})")
     p.add_argument("--modes", help=f"comma-separated modes (default all: {', '.join(bench.MODES)})")
-    p.add_argument("--rounds", type=int, default=5, help="rounds of A B C timing (at least 2; default 5)")
-    p.add_argument("--min-run-time", type=float, default=0.05, help="seconds per measurement (default 0.05)")
+    p.add_argument("--rounds", type=validate.positive_int, default=5, help="rounds of A B C timing (at least 2; default 5)")
+    p.add_argument("--min-run-time", type=validate.positive_float, default=0.05, help="seconds per measurement (default 0.05)")
     p.add_argument("--fail-on-slowdown", type=float, metavar="PCT",
                    help=f"exit 1 if a '{bench_stats.BACKPORT_VS_UNPATCHED}' median exceeds 1+PCT/100 (not for CI)")
     p.add_argument("--out", help="bench dir (default runs/bench-<matrix>)")

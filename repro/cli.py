@@ -12,31 +12,42 @@ from harness import targets
 from harness.errors import TargetLoadError, UsageError
 from harness.targets import sources
 from harness.targets.probing import probe
+from repro import validate
 
 
-def _prepare_row(spec: str, cache, offline: bool) -> tuple[targets.PreparedTarget | None, str | None]:
+def _prepare_row(spec: str, cache, offline: bool,
+                 fork_config: str | None) -> tuple[targets.PreparedTarget | None, str | None]:
     try:
-        return targets.prepare(spec, cache, offline), None
+        return targets.prepare(spec, cache, offline, fork_config), None
     except TargetLoadError as exc:
         return None, str(exc)
 
 
+def _provenance(prepared: targets.PreparedTarget) -> str:
+    git = prepared.provenance
+    return f" (git {git['git_commit'][:12]} on {git['git_branch']}, {git['git_state']})" if git else ""
+
+
 def cmd_targets(args: argparse.Namespace) -> int:
+    specs = args.specs or list(targets.DEFAULT_TARGETS)
+    for spec in specs:
+        targets.parse_spec(spec)
+    targets.check_unique(specs)
     cache = sources.cache_dir(args.cache_dir)
     rows = []
-    for spec in args.specs or targets.DEFAULT_TARGETS:
-        prepared, error = _prepare_row(spec, cache, args.offline)
+    for spec in specs:
+        prepared, error = _prepare_row(spec, cache, args.offline, args.fork_config)
         if prepared is None:
             rows.append([spec, "-", "-", "-", "-", "-", f"unavailable: {error}"])
             continue
         report = probe(prepared) if prepared.patch_status != "conflict" else {"load_error": "not loaded: patch conflict"}
         status = "loaded" if not report["load_error"] else f"error: {report['load_error']}"
         patch = prepared.patch_status if not prepared.patch else f"{prepared.patch_status} ({prepared.patch_detail.splitlines()[0] if prepared.patch_detail else ''})"
-        rows.append([prepared.spec, prepared.kind + ": " + prepared.source, prepared.version, prepared.fuser_sha,
-                     patch, prepared.backend, status])
+        rows.append([prepared.spec, prepared.kind + ": " + prepared.source + _provenance(prepared), prepared.version,
+                     f"{prepared.fuser_sha} ({prepared.content_sha})", patch, prepared.backend, status])
         if report.get("description"):
             rows[-1][-1] += f" — {report['description']}"
-    print(tabulate(rows, headers=["spec", "source", "version", "fuser.py", "patch", "backend", "load"]))
+    print(tabulate(rows, headers=["spec", "source", "version", "fuser.py (all files)", "patch", "backend", "load"]))
     return 0
 
 
@@ -47,8 +58,9 @@ def cmd_minimal(args: argparse.Namespace) -> int:
         from repro.megatron_commands import check_client_args
 
         check_client_args(args)
+    targets.parse_spec(args.target)
     cache = sources.cache_dir(args.cache_dir)
-    prepared = targets.prepare(args.target, cache, args.offline)
+    prepared = targets.prepare(args.target, cache, args.offline, args.fork_config)
     if prepared.patch_status == "conflict":
         print(f"{prepared.spec}: patch {prepared.patch} conflicts:\n{prepared.patch_detail}")
         return 1
@@ -104,7 +116,7 @@ def _version() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = validate.OneLineParser(
         prog="repro", formatter_class=HelpFormatter,
         description="Reproduce and verify Transformer Engine op-fuser regressions across releases, forks and patches.",
         epilog="Run `repro COMMAND --help` for a command's options. Without a command, repro prints this help"
@@ -116,11 +128,14 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("targets", parents=[common], help="list targets with their source, hash and patch status")
-    p.add_argument("specs", nargs="*", help=f"target specs ({targets.SPEC_FORMS})")
+    p.add_argument("specs", nargs="*", help=f"target specs ({targets.SPEC_FORMS}); +name is a patch only when "
+                   "patches/name.toml exists; end a path in / to keep a +name that is a patch's")
+    p.add_argument("--fork-config", metavar="FILE", help="a fork's TOML config for path: and installed targets")
     p.set_defaults(func=cmd_targets)
 
     p = sub.add_parser("minimal", parents=[common], help="run the bug report's minimal scenario on one target")
-    p.add_argument("--target", required=True)
+    p.add_argument("--target", required=True, metavar="SPEC", help=f"one target ({targets.SPEC_FORMS})")
+    p.add_argument("--fork-config", metavar="FILE", help="a fork's TOML config for a path: or installed target")
     p.add_argument("--client", help="run it through Megatron's own code: megatron_norm or megatron_block")
     p.add_argument("--megatron", help="with --client: a megatron-core version (default 0.19.0) or path:<dir>")
     p.add_argument("--recompute", help="with --client: megatron_block: full_block (default), full_uniform, none; "
@@ -138,6 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     try:
@@ -146,8 +165,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.print_help()
             return 0
         return args.func(args)
-    except UsageError as exc:
-        print(f"repro: error: {exc}", file=sys.stderr)
+    except (UsageError, TargetLoadError) as exc:
+        print(f"repro: error: {_one_line(str(exc))}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("repro: interrupted", file=sys.stderr)

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.runner import rundir
 from repro import reports
 
 
@@ -16,12 +17,14 @@ def _write(text: str, out: str | None) -> None:
         return
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(text, encoding="utf-8")
     except OSError as exc:
         raise UsageError(f"cannot write {out} ({exc.strerror})") from None
+    rundir.write_atomic(Path(out), text)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    if args.output:
+        rundir.check_report_output(Path(args.output), Path(args.run_dir))
     run = reports.load_run(Path(args.run_dir))
     _write(reports.render(run, args.format), args.output)
     reports.append_step_summary(run)  # GitHub Actions: the summary on the job's page

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ from pydantic import ValidationError
 
 from harness.errors import UsageError
 from harness.model import SCHEMA, Run
-from harness.runner import records
+from harness.runner import records, rundir
 
 FORMATS = ("md", "verdict-md", "summary", "html", "junit", "json")
 OUTCOMES = ("pass", "crash", "wrong_output", "wrong_grad", "side_effect", "harness_error", "not_applicable",
@@ -66,6 +67,7 @@ def _read_json(path: Path) -> dict[str, Any]:
                          f"run it again with this version (repro run --matrix {run.get('matrix', 'issue22')})")
     if not isinstance(run, dict) or run.get("schema") != SCHEMA:
         raise UsageError(f"{path} is not a {SCHEMA} run")
+    rundir.check_run_document(run, path)
     try:
         return Run.model_validate(run).model_dump(mode="json", by_alias=True)
     except ValidationError as exc:
@@ -324,7 +326,7 @@ def needs_attention(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def show_command(case_id: str, target: str) -> str:
-    return f"repro show {case_id} --target {target} --script --standalone"
+    return shlex.join(["repro", "show", case_id, "--target", target, "--script", "--standalone"])
 
 
 # ---- formats ----
@@ -365,7 +367,7 @@ def write_all_formats(run: dict[str, Any], out_dir: Path) -> dict[str, str]:
     out_dir = Path(out_dir)
     paths = {}
     for name, fmt in REPORT_FILES.items():
-        (out_dir / name).write_text(render(run, fmt), encoding="utf-8")
+        rundir.write_atomic(out_dir / name, render(run, fmt))
         paths[name] = str(out_dir / name)
     append_step_summary(run, paths)
     return paths

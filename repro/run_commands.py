@@ -19,8 +19,11 @@ from cases.regressions import REGRESSIONS
 from harness import targets
 from harness.errors import UsageError
 from harness.model import json_schema
+from harness.runner import rundir
+from harness.runner.completeness import incomplete_reason
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
+from repro import validate
 from repro.progress import Progress, print_status_line
 from repro.reports import load_run, summarize, write_all_formats
 
@@ -45,19 +48,6 @@ def rerun_selection(args: argparse.Namespace) -> list | None:
     return rerun.select_cases(case_ids) if case_ids else None
 
 
-def target_list(text: str | None) -> list[str] | None:
-    """`--targets a,b` as a list; None (each regression's defaults) when not given."""
-    if text is None:
-        return None
-    specs = [s.strip() for s in text.split(",")]
-    if not all(specs):
-        raise UsageError(f"--targets {text!r} names an empty target; give specs separated by commas "
-                         f"({targets.SPEC_FORMS})")
-    for spec in specs:
-        targets.parse_spec(spec)  # fail fast on a bad spec, before any work
-    return specs
-
-
 def cmd_run(args: argparse.Namespace) -> int:
     if (selection := rerun_selection(args)) is not None:
         if not selection:
@@ -66,33 +56,42 @@ def cmd_run(args: argparse.Namespace) -> int:
         # The selection is computed and checked; turning it into cases is the case model's job (issue 9).
         raise UsageError(f"{len(selection)} results selected, but re-running a selection is not wired into case"
                          " generation yet; use --only to narrow the matrix meanwhile")
-    specs = target_list(args.targets)
+    # Every option is checked before anything is written (the cache included).
+    specs = validate.target_specs(args.targets, args.target, None)  # None: each regression's own defaults
+    validate.check_fork_config(args.fork_config, specs or [])
+    validate.check_only(args.only)
     generate(args.matrix, args.only, args.max_cases)
     out_dir = Path(args.out or Path("runs") / args.matrix)
     cache = sources.cache_dir(args.cache_dir)
-    progress = Progress()  # each target's line appears once the runner has planned it
-    started = time.time()
-    try:
-        run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline, args.max_cases,
-                         progress=progress, case_timeout=args.case_timeout)
-    except (Interrupted, KeyboardInterrupt):
+    validate.check_out(out_dir, specs or [], cache)
+    with rundir.claim(out_dir):
+        progress = Progress()  # each target's line appears once the runner has planned it
+        started = time.time()
+        try:
+            run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline,
+                             args.max_cases, progress=progress, case_timeout=args.case_timeout,
+                             fork_config=args.fork_config)
+        except (Interrupted, KeyboardInterrupt):
+            progress.close()
+            print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}; "
+                  f"render them with: repro report {out_dir} --format md", file=sys.stderr)
+            return 130
         progress.close()
-        print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}; "
-              f"render them with: repro report {out_dir} --format md", file=sys.stderr)
-        return 130
-    progress.close()
-    if args.perf:
-        from harness.bench import parse_modes, run_bench
+        if args.perf:
+            from harness.bench import parse_modes, run_bench
 
-        bench_specs = specs or list(REGRESSIONS["issue22"].default_targets)
-        run["perf"] = run_bench(args.matrix, args.only, bench_specs, parse_modes(None), rounds=3, min_run_time=0.05,
-                                out_dir=out_dir, cache=cache, offline=args.offline, progress=_progress)
-    run.setdefault("started_at", datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"))
-    run.setdefault("elapsed_s", round(time.time() - started, 1))
-    run["summary"] = summarize(run)
-    (out_dir / "run.json").write_text(json.dumps(run, indent=1))
-    paths = write_all_formats(run, out_dir)
+            bench_specs = specs or list(REGRESSIONS["issue22"].default_targets)
+            run["perf"] = run_bench(args.matrix, args.only, bench_specs, parse_modes(None), rounds=3,
+                                    min_run_time=0.05, out_dir=out_dir, cache=cache, offline=args.offline,
+                                    progress=_progress)
+        run.setdefault("started_at", datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"))
+        run.setdefault("elapsed_s", round(time.time() - started, 1))
+        run["summary"] = summarize(run)
+        rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
+        paths = write_all_formats(run, out_dir)
     print_status_line(run, paths)
+    if reason := incomplete_reason(run):
+        print(f"repro: {reason}", file=sys.stderr)
     return 0 if run["summary"]["status"] == "PASS" else 1
 
 
@@ -101,11 +100,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     if args.matrix not in REGRESSIONS:
         raise UsageError(f"sweep takes one regression; valid: {', '.join(REGRESSIONS)}")
+    validate.check_only(args.only)
     generate(args.matrix, args.only, args.max_cases, preset="sweep")
     out_dir = Path(args.out or Path("runs") / f"sweep-{args.matrix}")
-    result = sweep(args.matrix, args.only, args.from_version, args.to_version, out_dir, args.workers,
-                   sources.cache_dir(args.cache_dir), args.offline, _progress)
-    (out_dir / "run.json").write_text(json.dumps(result["run"], indent=1))
+    cache = sources.cache_dir(args.cache_dir)
+    validate.check_out(out_dir, [], cache)
+    with rundir.claim(out_dir):
+        result = sweep(args.matrix, args.only, args.from_version, args.to_version, out_dir, args.workers,
+                       cache, args.offline, _progress)
+        rundir.write_atomic(out_dir / "run.json", json.dumps(result["run"], indent=1))
     columns = ("release", "affected", "reproduced", "failed_otherwise", "passed", "unaffected_failing",
                "not_applicable", "state", "reason")
     print(tabulate([[row[c] for c in columns] for row in result["rows"]], headers=list(columns)))
@@ -140,6 +143,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    validate.check_only(args.only)
     for selection in generate(args.matrix, args.only, args.max_cases):
         regression, cases = selection.regression, selection.cases
         print(f"{regression.id}: {regression.title}")
@@ -162,14 +166,24 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     selection.add_argument("--matrix", default="issue22",
                            help=f"a regression id, a preset or all: {', '.join(matrix_names())} (default issue22)")
     selection.add_argument("--only", action="append", metavar="AXIS=V[,V]", help="keep only these axis values")
-    selection.add_argument("--max-cases", type=int, default=MAX_CASES_DEFAULT, help="refuse larger selections")
+    selection.add_argument("--max-cases", type=validate.positive_int, default=MAX_CASES_DEFAULT,
+                           help="refuse larger selections")
 
     p = sub.add_parser("run", parents=[common, selection], help="run a case matrix over targets")
-    p.add_argument("--targets", help="comma-separated specs (default: each regression's own default targets)")
-    p.add_argument("--out", help="run dir (default runs/<matrix>)")
-    p.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1), help="xdist workers per target")
+    p.add_argument("--targets", metavar="A,B,...",
+                   help="comma-separated specs (default: each regression's own default targets); a spec is "
+                   f"{targets.SPEC_FORMS}; +name is a patch only when patches/name.toml exists")
+    p.add_argument("--target", action="append", metavar="SPEC",
+                   help="one more target, never split at commas (for a path holding a comma); repeatable")
+    p.add_argument("--fork-config", metavar="FILE",
+                   help="a fork's TOML config for the path: and installed targets (default: <tree>/.te-repro.toml)")
+    p.add_argument("--out", help="run dir (default runs/<matrix>); one run at a time; never inside a source or "
+                   "the cache")
+    p.add_argument("-n", "--workers", type=validate.positive_int, default=min(2, os.cpu_count() or 1),
+                   help="xdist workers per target (1 or more)")
     p.add_argument("--perf", action="store_true", help="also benchmark the matrix (as repro bench) into the reports")
-    p.add_argument("--case-timeout", type=float, default=CASE_TIMEOUT_S, help="seconds before a case is recorded as hung")
+    p.add_argument("--case-timeout", type=validate.positive_float, default=CASE_TIMEOUT_S,
+                   help="seconds (above 0) before a case is recorded as hung")
     p.add_argument("--from-run", metavar="DIR", help="re-run results of this stored run (with --verdict or --last-failed)")
     p.add_argument("--verdict", metavar="V[,V]", help="with --from-run: the results with these verdicts (or missing)")
     p.add_argument("--last-failed", action="store_true",
@@ -185,7 +199,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--from", dest="from_version", default="2.1.0", help="oldest release (default 2.1.0)")
     p.add_argument("--to", dest="to_version", default="latest", help="newest release, or latest")
     p.add_argument("--out", help="run dir (default runs/sweep-<matrix>)")
-    p.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1), help="parallel sessions")
+    p.add_argument("-n", "--workers", type=validate.positive_int, default=min(2, os.cpu_count() or 1),
+                   help="parallel sessions (1 or more)")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("regressions", help="list the regression catalogue")

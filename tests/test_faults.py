@@ -106,7 +106,7 @@ def test_concurrent_runs_share_a_cold_cache(tmp_path: Path) -> None:
 def test_corrupt_jsonl_lines_are_reported_and_skipped(tmp_path: Path) -> None:
     path = tmp_path / "results.jsonl"
     def line(case_id: str) -> str:
-        return json.dumps({"case_id": case_id, "target": "t", "verdict": "fixed"})
+        return json.dumps({"case_id": case_id, "target": "t", "outcome": "pass", "verdict": "fixed", "expected": "fixed"})
 
     path.write_bytes(f'{line("a")}\n{{"case_id": "b", "trunc\nnot json at all\n[1, 2]\n{{"case_id": "d"}}\n'
                      f'\xff\xfe\n{line("c")}\n'.encode("latin-1"))

@@ -7,7 +7,6 @@ of `harness.model.CaseResult`.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -72,21 +71,8 @@ def lost_case_record(case_id: str, spec: str, role: Role, why: str, text: str) -
 
 
 def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Records from a JSONL file; a corrupt or truncated line is reported by number and skipped."""
-    records: list[dict[str, Any]] = []
-    problems: list[str] = []
-    if not path.is_file():
-        return records, problems
-    for number, line in enumerate(path.read_bytes().decode(errors="replace").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            problems.append(f"{path.name} line {number}: corrupt record skipped ({exc.msg})")
-            continue
-        if not isinstance(record, dict) or not {"case_id", "target", "verdict"} <= record.keys():
-            problems.append(f"{path.name} line {number}: not a result record, skipped")
-            continue
-        records.append(record)
-    return records, problems
+    """Records from a JSONL file; a line that is corrupt, not UTF-8, not an object or
+    lacking a record's keys is reported by number and skipped."""
+    from harness.runner.rundir import read_results
+
+    return read_results(path)

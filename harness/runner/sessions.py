@@ -3,6 +3,8 @@ pytest-xdist workers, results streamed to results.jsonl, then gathered into run.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import os
 import platform
@@ -25,7 +27,7 @@ from cases.regression import Regression
 from harness import targets
 from harness.errors import UsageError
 from harness.model import BAD_VERDICTS, SCHEMA, Role, Run
-from harness.runner import records
+from harness.runner import completeness, lifetime, records, rundir
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 
@@ -110,21 +112,42 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
     # thousands of those costs time and tells the record nothing.
     # Plugin autoloading is off (env below): only the plugins named here load, whatever the host has installed.
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
-               "-p", "xdist.plugin", "-p", "pytest_timeout", "-p", "harness.runner.plugin", "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
+               "-p", "xdist.plugin", "-p", "pytest_timeout", "-p", "harness.runner.plugin", "-p", "harness.runner.lifetime",
+               "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
                f"--timeout={case_timeout}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", f"--repro-roles={json.dumps(roles)}",
                str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
-    command += ["-n", str(max(1, workers))]
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                                         os.environ.get("PYTHONPATH", "")])}
+    # A crash costs one worker, so a target that crashes on every case still gets a fresh
+    # worker for each (xdist's default of 5 restarts left the rest of its cases unrun).
+    command += ["-n", str(max(1, workers)), f"--max-worker-restart={len(cases) + 1}"]
+    env = lifetime.session_env({**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": os.pathsep.join(
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
     with open(case_dir / f"{safe}.log", "w") as log:
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        # Own process group (stopped as a whole), and killed by the kernel if we die. The
+        # pre-exec hook only calls prctl and getppid, safe between fork and exec.
+        arm = functools.partial(lifetime.die_with_parent, os.getpid())
+        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                preexec_fn=arm)  # noqa: PLW1509
 
 
-def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]], out_dir: Path, jsonl: Path, workers: int,
-                  progress: Callable[[str], None], case_timeout: float) -> None:
+def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Stop each session's whole process group (controller and workers)."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]], out_dir: Path, jsonl: Path,
+                  workers: int, progress: Callable[[str], None], case_timeout: float) -> dict[str, int]:
     """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
     seconds, so for ordinary selections the sessions run side by side, one worker each;
     a session too large for that gets all the workers, one session at a time."""
@@ -132,6 +155,8 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
     concurrent, per_session = (1, workers) if large else (max(1, workers), 1)
     reader, pending, last = ProgressReader(jsonl), list(plan), ""
     running: list[subprocess.Popen[bytes]] = []
+    exits: dict[str, int] = {}
+    started: dict[int, str] = {}
     reader.poll()
     baseline = dict(reader.done)
     totals = {t.spec: len(cases) for t, cases, _ in plan}
@@ -140,7 +165,9 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
             while pending and len(running) < concurrent:
                 target, cases, roles = pending.pop(0)
                 running.append(_start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout))
+                started[running[-1].pid] = target.spec
             time.sleep(0.5)
+            exits.update({started[p.pid]: p.returncode for p in running if p.poll() is not None})
             running = [p for p in running if p.poll() is None]
             reader.poll()
             if update := getattr(progress, "update", None):  # a live display (repro.progress.Progress)
@@ -154,10 +181,8 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                 last = line
     finally:
         # Interrupted (Ctrl-C, SIGTERM): stop the sessions; what they wrote stays in the JSONL.
-        for process in running:
-            process.terminate()
-        for process in running:
-            process.wait()
+        _stop(running)
+    return exits
 
 
 class Interrupted(Exception):
@@ -184,12 +209,13 @@ def plan_targets(selections: list[Selection], specs: list[str] | None) -> dict[s
 def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out_dir: Path, workers: int, cache: Path,
                offline: bool = False, max_cases: int | None = None,
                progress: Callable[[str], None] = print, case_timeout: float = CASE_TIMEOUT_S,
-               role_override: Role | None = None, preset: str = "default") -> dict[str, Any]:
+               role_override: Role | None = None, preset: str = "default",
+               fork_config: str | None = None) -> dict[str, Any]:
     """Run a matrix; `role_override` judges every target with one role (the sweep's unknown)."""
     selections = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}), preset=preset)
     by_target = plan_targets(selections, specs)
     check_out_dir(out_dir)
-    prepared = {spec: targets.prepare(spec, cache, offline) for spec in by_target}
+    prepared = {spec: targets.prepare(spec, cache, offline, fork_config) for spec in by_target}
     roles = {spec: {s.regression.id: (role_override, "given by the caller") if role_override
                     else role_of(s.regression, prepared[spec]) for s in chosen}
              for spec, chosen in by_target.items()}
@@ -209,23 +235,25 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
                 runnable[selection.regression.id].append(case)
     plan = [(prepared[spec], [c for s in chosen for c in runnable[s.regression.id]],
              {rid: role.value for rid, (role, _) in roles[spec].items()}) for spec, chosen in by_target.items()]
+    rundir.remove_stale(out_dir)
     jsonl = out_dir / "results.jsonl"
-    jsonl.unlink(missing_ok=True)
-    (out_dir / "run.json").unlink(missing_ok=True)
     # Written first, so a run that dies can still say which results it is missing.
     expected_keys = [[target.spec, case.case_id] for target, cases, _ in plan for case in cases]
-    (out_dir / "run-meta.json").write_text(json.dumps({
+    rundir.write_atomic(out_dir / "run-meta.json", json.dumps({
         "matrix": matrix, "only": only or [], "targets": list(by_target), "expected_results": len(expected_keys),
         "expected_keys": expected_keys}))
     for target, cases, target_roles in plan:
         progress(f"{target.spec}: {len(cases)} cases to run ({', '.join(f'{r} {v}' for r, v in target_roles.items())})")
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout)
+        exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout)
     finally:
         signal.signal(signal.SIGTERM, previous)
     descriptions = {spec: _read_description(out_dir, target) for spec, target in prepared.items()}
-    return assemble(out_dir, matrix, selections, plan, roles, excluded, descriptions)
+    run = assemble(out_dir, matrix, selections, plan, roles, excluded, descriptions)
+    run["not_run"] = completeness.not_run(run, [(target, cases) for target, cases, _ in plan], exits,
+                                          out_dir / "sessions")
+    return run
 
 
 def assemble(out_dir: Path, matrix: str, selections: list[Selection],

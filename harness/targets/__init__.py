@@ -10,14 +10,17 @@ import json
 import re
 import shutil
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from packaging.version import Version
+
 from harness.errors import TargetLoadError, UsageError
-from harness.targets import patching, sources
+from harness.targets import forkconfig, patching, sources
 
 DEFAULT_TARGETS = ("te-2.13.0", "te-2.13.0+backport", "te-2.16.0", "te-2.20.2")
-SPEC_FORMS = "te-<version>, path:<dir> or installed, each optionally +<patch>"
+SPEC_FORMS = "te-<x.y.z>, path:<dir> or installed, each optionally +<patch>"
+_VERSION = r"\d+\.\d+\.\d+(?:\.?(?:post|rc|dev)\d+)?"
 
 
 @dataclass(frozen=True)
@@ -33,18 +36,54 @@ class TargetSpec:
 
 
 def parse_spec(text: str) -> TargetSpec:
+    """A spec's kind, value and patch. `+name` is a patch only when patches/ has `name`,
+    so a path such as `path:te-2.14.0+ascend` needs no escaping; a trailing `/`
+    (`path:dir+backport/`) names a directory whose name ends in a patch's name."""
+    if not text or text != text.strip():
+        raise UsageError(f"target spec {text!r} is empty or has surrounding spaces; valid forms: {SPEC_FORMS}")
     base, patch = text, None
     head, sep, tail = text.rpartition("+")
-    if sep and re.fullmatch(r"[A-Za-z0-9_.-]+", tail):
+    if sep and patching.is_patch_name(tail):
         base, patch = head, tail
+    if base.startswith("path:"):
+        if len(base) == 5:
+            raise UsageError(f"target spec {text!r} names no directory; write path:<dir>")
+        return TargetSpec(text, "path", base[5:], patch)
+    if sep and not patch and re.fullmatch(patching.NAME, tail) and (
+            head == "installed" or re.fullmatch(rf"te-{_VERSION}", head)):
+        valid = ", ".join(patching.available_patches()) or "none"
+        raise UsageError(f"unknown patch {tail!r} in target spec {text!r}; valid patches: {valid}")
     if base == "installed":
         return TargetSpec(text, "installed", "", patch)
-    if base.startswith("path:") and len(base) > 5:
-        return TargetSpec(text, "path", base[5:], patch)
-    match = re.fullmatch(r"te-(\d+\.\d+(?:\.\d+)?(?:\.?(?:post|rc|dev)\d+)?)", base)
+    match = re.fullmatch(rf"te-({_VERSION})", base)
     if match:
+        canonical = str(Version(match.group(1)))
+        if canonical != match.group(1):  # the cache and the index name a release one way
+            raise UsageError(f"target spec {text!r}: write the release as te-{canonical}")
         return TargetSpec(text, "wheel", match.group(1), patch)
+    if re.fullmatch(r"te-\d+\.\d+", base):
+        raise UsageError(f"target spec {text!r} is not a full release version; write {base}.0 (te-<x.y.z>)")
     raise UsageError(f"unknown target spec {text!r}; valid forms: {SPEC_FORMS}")
+
+
+def parse_spec_list(text: str) -> list[str]:
+    """`--targets A,B,C`: refuse an empty list, empty items and repeats. A spec holding a
+    comma is passed with `--target SPEC` instead, which is never split."""
+    specs = [s.strip() for s in text.split(",")]
+    if not any(specs):
+        raise UsageError(f"--targets {text!r} names no target; give comma-separated specs ({SPEC_FORMS})")
+    if "" in specs:
+        raise UsageError(f"--targets {text!r} has an empty item; separate specs by single commas "
+                         "(a path with a comma: --target path:<dir>)")
+    return specs
+
+
+def check_unique(specs: list[str]) -> None:
+    seen: set[str] = set()
+    for spec in specs:
+        if spec in seen:
+            raise UsageError(f"target {spec!r} is given twice; name each target once")
+        seen.add(spec)
 
 
 @dataclass(frozen=True)
@@ -61,6 +100,15 @@ class PreparedTarget:
     patch_status: str  # "none", "applied", "already-applied" or "conflict"
     patch_detail: str
     backend: str  # "cpu" or "native"
+    # Hash of every loadable file of the tree that is imported (the patched copy when patched).
+    content_sha: str = ""
+    # path: trees: git_commit, git_branch, git_state ("clean"/"dirty") when a git work tree.
+    provenance: dict[str, str] = field(default_factory=dict)
+    fork_config: str | None = None
+    # From the fork config: regression id -> [{file, pattern, means}] showing the fork's own fix.
+    fix_markers: dict[str, list[dict[str, str]]] = field(default_factory=dict)
+    extra_standins: dict[str, dict[str, str]] = field(default_factory=dict)  # module -> symbol -> kind
+    renamed_ops: dict[str, str] = field(default_factory=dict)  # our op name -> "module:Class" or "Class"
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -73,24 +121,54 @@ class PreparedTarget:
 def _installed_root() -> Path:
     spec = importlib.util.find_spec("transformer_engine")
     if spec is None or not spec.submodule_search_locations:
-        raise TargetLoadError("installed: no transformer_engine is importable in this environment")
+        raise TargetLoadError("installed: no transformer_engine is importable in this environment; install TE, "
+                              "or name a release (te-<x.y.z>) or a checkout (path:<dir>)")
     package_dir = Path(next(iter(spec.submodule_search_locations)))
     if not (package_dir / "pytorch/ops/fuser.py").is_file():
         raise TargetLoadError(f"installed: {package_dir} has no pytorch/ops/fuser.py (not TE's PyTorch part)")
     return package_dir.parent
 
 
-def _patched_copy(root: Path, key: str, patch: patching.Patch, cache: Path) -> tuple[Path, str, str]:
-    """A patched copy of root's transformer_engine/ in the cache, made once per key."""
-    final = cache / "patched" / f"{key}+{patch.name}-{sources.short_hash(patch.text)}"
-    status_file = final / ".patch-status.json"
-    if status_file.is_file():
-        saved = json.loads(status_file.read_text())
-        return final, saved["status"], saved["detail"]
+def check_available(specs: list[str]) -> None:
+    """Refuse, before any work, a spec that cannot be had on this machine (installed TE)."""
+    if any(parse_spec(spec).kind == "installed" for spec in specs):
+        _installed_root()
+
+
+def source_roots(specs: list[str]) -> list[Path]:
+    """The trees the specs read from (path: dirs, the installed TE), for refusing an --out
+    inside them; without preparing anything."""
+    roots = []
+    for spec in map(parse_spec, specs):
+        if spec.kind == "path":
+            roots.append(Path(spec.value).expanduser().resolve())
+        elif spec.kind == "installed" and (found := importlib.util.find_spec("transformer_engine")):
+            roots += [Path(p).resolve() for p in found.submodule_search_locations or []]
+    return roots
+
+
+def _read_status(final: Path) -> tuple[str, str] | None:
+    """The saved patch status of a patched copy, when the copy is intact."""
+    try:
+        saved = json.loads((final / ".patch-status.json").read_text())
+        if saved["content"] == sources.content_hash(final):
+            return saved["status"], saved["detail"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _patched_copy(root: Path, key: str, patch: patching.Patch, cache: Path,
+                  extra_markers: tuple[patching.Marker, ...]) -> tuple[Path, str, str]:
+    """A patched copy of root's transformer_engine/ in the cache, keyed by the content of
+    the source and of the patch; a copy found damaged is made again."""
+    extra = sources.short_hash(json.dumps([m.__dict__ for m in extra_markers]).encode()) if extra_markers else ""
+    final = cache / "patched" / f"{key}+{patch.name}-{sources.short_hash(patch.text)}{extra}"
+    if saved := _read_status(final):
+        return final, *saved
     with sources.file_lock(cache / "locks" / f"patched-{final.name}.lock"):
-        if status_file.is_file():
-            saved = json.loads(status_file.read_text())
-            return final, saved["status"], saved["detail"]
+        if saved := _read_status(final):
+            return final, *saved
         final.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{final.name}-") as tmp:
             staged = Path(tmp) / "tree"
@@ -99,34 +177,47 @@ def _patched_copy(root: Path, key: str, patch: patching.Patch, cache: Path) -> t
             shutil.copytree(root / "transformer_engine", staged / "transformer_engine", ignore=ignore)
             for info in root.glob("transformer_engine-*.dist-info"):
                 shutil.copytree(info, staged / info.name)
-            status, detail = patching.apply_patch(staged, patch)
-            (staged / ".patch-status.json").write_text(json.dumps({"status": status, "detail": detail}))
+            status, detail = patching.apply_patch(staged, patch, extra_markers)
+            (staged / ".patch-status.json").write_text(json.dumps(
+                {"status": status, "detail": detail, "content": sources.content_hash(staged)}))
             if final.exists():
                 shutil.rmtree(final)
             staged.rename(final)
     return final, status, detail
 
 
-def prepare(spec_text: str, cache: Path, offline: bool = False) -> PreparedTarget:
-    """Fetch, unpack and patch a target's source. Raises UsageError for bad input."""
+def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str | None = None) -> PreparedTarget:
+    """Fetch, unpack and patch a target's source. Raises UsageError for bad input.
+    `fork_config` applies to path: and installed targets (a tree's own .te-repro.toml otherwise)."""
     spec = parse_spec(spec_text)
     patch = patching.load_patch(spec.patch) if spec.patch else None
+    provenance: dict[str, str] = {}
     if spec.kind == "wheel":
         wheel = sources.fetch_wheel(spec.value, cache, offline)
         root = sources.unpack_wheel(wheel, cache, f"te-{spec.value}")
-        source, version, backend, key = wheel.name, sources.wheel_version(root), "cpu", f"te-{spec.value}"
+        source, version, backend = wheel.name, sources.wheel_version(root), "cpu"
+        if version != spec.value:
+            raise UsageError(f"cached wheel {wheel} holds version {version}, not {spec.value}; delete it")
+        key = f"te-{spec.value}-{sources.content_hash(root)}"
     elif spec.kind == "path":
         root = sources.check_source_tree(Path(spec.value).expanduser().resolve())
         source, version, backend = str(root), sources.tree_version(root), "cpu"
-        key = "path-" + sources.short_hash(str(root).encode() + sources.fuser_hash(root).encode())
+        provenance = sources.git_provenance(root)
+        key = f"path-{sources.content_hash(root)}"
     else:
         root = _installed_root()
-        source, version, backend, key = str(root), sources.tree_version(root), "native", "installed"
+        source, version, backend = str(root), sources.tree_version(root), "native"
+        key = f"installed-{sources.content_hash(root)}"
+    config_path = forkconfig.find(root, fork_config) if spec.kind != "wheel" else None
+    config, markers = forkconfig.load(config_path) if config_path else (forkconfig.ForkConfig(), {})
     status, detail = "none", ""
     if patch is not None:
-        root, status, detail = _patched_copy(root, key, patch, cache)
+        extra = tuple(patching.Marker(**m) for fix in patch.fixes for m in markers.get(fix, []))
+        root, status, detail = _patched_copy(root, key, patch, cache, extra)
     return PreparedTarget(
         spec=spec.text, kind=spec.kind, source=source, root=str(root), version=version,
         fuser_sha=sources.fuser_hash(root), patch=spec.patch, patch_status=status,
-        patch_detail=detail, backend=backend,
+        patch_detail=detail, backend=backend, content_sha=sources.content_hash(root), provenance=provenance,
+        fork_config=str(config_path) if config_path else None, fix_markers=markers,
+        extra_standins=config.standins, renamed_ops=config.renamed_ops,
     )

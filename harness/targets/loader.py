@@ -14,8 +14,11 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.machinery
+import importlib.util
 import inspect
+import re
 import sys
+import traceback
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +30,7 @@ from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
 from harness.targets.cpu_backend import kernels
 from harness.targets.cpu_backend.ops import make_cpu_ops
-from harness.targets.cpu_backend.standins import decode_cudnn_version, standin_modules
+from harness.targets.cpu_backend.standins import StrictModule, decode_cudnn_version, standin_modules
 
 PACKAGE_SHELLS = (
     "transformer_engine",
@@ -100,17 +103,92 @@ def _install(name: str, module: types.ModuleType) -> None:
         setattr(sys.modules[parent], child, module)
 
 
-def _import(target: str, name: str) -> types.ModuleType:
+def _importing_line(exc: BaseException, te_dir: Path) -> str:
+    """`file:line` of the deepest frame of the target's own source in the traceback (or
+    the file a SyntaxError is in): the statement that failed, as the fork's author sees it."""
+    if isinstance(exc, SyntaxError) and exc.filename:
+        return f"{_relative(exc.filename, te_dir)}:{exc.lineno}"
+    where = ""
+    for frame, line in traceback.walk_tb(exc.__traceback__):
+        if Path(frame.f_code.co_filename).resolve().is_relative_to(te_dir.resolve()):
+            where = f"{_relative(frame.f_code.co_filename, te_dir)}:{line}"
+    return where
+
+
+def _relative(filename: str, te_dir: Path) -> str:
+    path = Path(filename).resolve()
+    return str(path.relative_to(te_dir.resolve().parent)) if path.is_relative_to(te_dir.resolve().parent) else filename
+
+
+def _import(target: str, name: str, te_dir: Path) -> types.ModuleType:
+    """Import one of the target's modules; any failure becomes one TargetLoadError naming
+    the target's file and line that failed, the module and the missing name."""
     try:
         return importlib.import_module(name)
-    except FidelityError:
-        raise
+    except FidelityError as exc:
+        where = _importing_line(exc, te_dir)
+        raise TargetLoadError(f"target {target}: {where or name} needs {exc.module}.{exc.symbol}, which the CPU "
+                              "backend does not stand in for; declare it under [standins] in a fork config") from None
     except ModuleNotFoundError as exc:
-        raise TargetLoadError(
-            f"target {target}: module {name} imports {exc.name}, which neither the target nor the CPU backend provides"
-        ) from None
+        where = _importing_line(exc, te_dir) or name
+        raise TargetLoadError(f"target {target}: {where} imports module {exc.name}, which neither the target, "
+                              "the environment nor the CPU backend provides") from None
     except ImportError as exc:
-        raise TargetLoadError(f"target {target}: importing {name} failed: {exc}") from None
+        where = _importing_line(exc, te_dir) or name
+        symbol = f"{exc.name}.{_missing_symbol(exc)}" if exc.name and _missing_symbol(exc) else str(exc)
+        raise TargetLoadError(f"target {target}: {where} cannot import {symbol} ({exc})") from None
+    except Exception as exc:  # noqa: BLE001 — a SyntaxError or error at import time is the target's load error
+        where = _importing_line(exc, te_dir) or name
+        raise TargetLoadError(f"target {target}: importing {name} failed at {where}: "
+                              f"{type(exc).__name__}: {exc}") from None
+
+
+def _missing_symbol(exc: ImportError) -> str | None:
+    match = re.match(r"cannot import name '([^']+)'", str(exc))
+    return match.group(1) if match else None
+
+
+def _forget_target() -> None:
+    """Drop a half-loaded target, so the next attempt reports its own error again."""
+    for name in [n for n in sys.modules if n == "transformer_engine" or n.startswith("transformer_engine.")]:
+        del sys.modules[name]
+
+
+def _fork_standins(prepared: PreparedTarget, standins: dict[str, types.ModuleType], te_dir: Path) -> None:
+    """Add a fork config's extra stand-in symbols. Real modules win: a module the target
+    ships as real source (or the environment provides) is never stood in."""
+    for module_name, symbols in prepared.extra_standins.items():
+        if module_name not in standins:
+            shipped = module_name.startswith("transformer_engine.") and _ships(te_dir, module_name)
+            if shipped or (not module_name.startswith("transformer_engine") and importlib.util.find_spec(
+                    module_name.split(".")[0]) is not None):
+                raise TargetLoadError(f"target {prepared.spec}: fork config stands in {module_name}, but the "
+                                      "target or the environment has the real module; remove it from [standins]")
+            standins[module_name] = StrictModule(module_name, prepared.spec, {}, {})
+        standins[module_name].__dict__.update({symbol: _standin_value(module_name, symbol, kind)
+                                               for symbol, kind in symbols.items()})
+
+
+def _ships(te_dir: Path, module_name: str) -> bool:
+    path = te_dir.joinpath(*module_name.split(".")[1:])
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+def _standin_value(module_name: str, symbol: str, kind: str) -> Any:
+    if kind == "class":
+        return type(symbol, (), {"__module__": module_name})
+    if kind == "noop":
+        return lambda *_args, **_kwargs: None
+    return {"none": None, "false": False, "true": True}[kind]
+
+
+def _let_real_submodules_load(standins: dict[str, types.ModuleType], te_dir: Path) -> None:
+    """A stood-in package (tensor/) still lets the target's real submodules import from its
+    directory, so a fork's own `tensor/npu_tensor.py` is the fork's, not ours."""
+    for name, module in standins.items():
+        directory = te_dir.joinpath(*name.split(".")[1:])
+        if name.startswith("transformer_engine.") and (directory / "__init__.py").is_file():
+            module.__dict__["__path__"] = [str(directory)]
 
 
 def op_features(ops: dict[str, Any]) -> frozenset[str]:
@@ -132,27 +210,36 @@ def op_features(ops: dict[str, Any]) -> frozenset[str]:
 def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     if any(name == "transformer_engine" or name.startswith("transformer_engine.") for name in sys.modules):
         raise TargetLoadError("a transformer_engine is already imported in this process; load one target per process")
+    try:
+        return _load_cpu(prepared)
+    except BaseException:
+        _forget_target()
+        raise
+
+
+def _load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     te_dir = Path(prepared.root or "") / "transformer_engine"
     for name in PACKAGE_SHELLS:
         _install(name, _shell(name, te_dir.joinpath(*name.split(".")[1:])))
-    recipe = _import(prepared.spec, "transformer_engine.common.recipe")
-    for name, module in standin_modules(prepared.spec, recipe, te_dir).items():
+    recipe = _import(prepared.spec, "transformer_engine.common.recipe", te_dir)
+    standins: dict[str, types.ModuleType] = dict(standin_modules(prepared.spec, recipe, te_dir))
+    _let_real_submodules_load(standins, te_dir)
+    _fork_standins(prepared, standins, te_dir)
+    for name, module in standins.items():
         _install(name, module)
-    op_module = _import(prepared.spec, "transformer_engine.pytorch.ops.op")
-    _import(prepared.spec, "transformer_engine.pytorch.ops.fuser")
-    sequential = _import(prepared.spec, "transformer_engine.pytorch.ops.sequential")
+    op_module = _import(prepared.spec, "transformer_engine.pytorch.ops.op", te_dir)
+    _import(prepared.spec, "transformer_engine.pytorch.ops.fuser", te_dir)
+    sequential = _import(prepared.spec, "transformer_engine.pytorch.ops.sequential", te_dir)
 
     ops: dict[str, Any] = {"Sequential": sequential.Sequential, "BasicOperation": op_module.BasicOperation}
     te_ops, missing = [], {}
     for op_name, module_names in TE_OPS.items():
-        for module_name in module_names:
-            if (te_dir / "pytorch/ops/basic" / f"{module_name}.py").is_file():
-                basic = _import(prepared.spec, f"transformer_engine.pytorch.ops.basic.{module_name}")
-                ops[op_name] = getattr(basic, op_name, None) or getattr(basic, OLD_NAMES.get(op_name, op_name))
-                te_ops.append(op_name if ops[op_name].__name__ == op_name else f"{op_name} (as {ops[op_name].__name__})")
-                break
-        else:
+        found = _find_op(prepared, te_dir, op_name, module_names)
+        if found is None:
             missing[op_name] = f"{prepared.spec} has no ops/basic/{module_names[0]}.py"
+            continue
+        ops[op_name] = found
+        te_ops.append(op_name if found.__name__ == op_name else f"{op_name} (as {found.__name__})")
     backend = make_cpu_ops(op_module.BasicOperation)
     own, modules, fallbacks = _load_te_norm_ops(prepared.spec, te_dir)
     ops.update({**backend, **own})
@@ -205,6 +292,30 @@ def _empty_cpu_tensor() -> torch.Tensor:
     return torch.Tensor()
 
 
+def _find_op(prepared: PreparedTarget, te_dir: Path, op_name: str, module_names: tuple[str, ...]) -> Any:
+    """TE's own class for one of our op names: where a fork config renames it, that
+    module and class; else the newest module and name the target has."""
+    renamed = prepared.renamed_ops.get(op_name)
+    if renamed:
+        module_name, _, class_name = renamed.rpartition(":")
+        candidates = [module_name] if module_name else list(module_names)
+    else:
+        class_name, candidates = "", list(module_names)
+    for module_name in candidates:
+        if (te_dir / "pytorch/ops/basic" / f"{module_name}.py").is_file():
+            basic = _import(prepared.spec, f"transformer_engine.pytorch.ops.basic.{module_name}", te_dir)
+            for name in (class_name,) if class_name else (op_name, OLD_NAMES.get(op_name, op_name)):
+                if hasattr(basic, name):
+                    return getattr(basic, name)
+            raise TargetLoadError(f"target {prepared.spec}: ops/basic/{module_name}.py has no class "
+                                  f"{class_name or op_name}" + (" (named in the fork config's [renamed_ops])"
+                                                                if class_name else ""))
+    if renamed:
+        raise TargetLoadError(f"target {prepared.spec}: the fork config renames {op_name} to {renamed}, "
+                              "but that module is not in ops/basic/")
+    return None
+
+
 def load_native(prepared: PreparedTarget) -> LoadedTarget:
     """The installed TE, with its own kernels; a patched copy goes first on sys.path."""
     if prepared.patch and prepared.root:
@@ -235,6 +346,9 @@ def loaded() -> LoadedTarget | None:
 
 def load(prepared: PreparedTarget) -> LoadedTarget:
     global _LOADED
+    # Never write bytecode into a source under test (path: trees, the installed TE), even
+    # where PYTHONDONTWRITEBYTECODE is unset.
+    sys.dont_write_bytecode = True
     if prepared.patch_status == "conflict":
         raise TargetLoadError(f"target {prepared.spec}: patch {prepared.patch} does not apply (conflict)")
     _LOADED = load_native(prepared) if prepared.backend == "native" else load_cpu(prepared)

@@ -7,8 +7,11 @@ runs fetching the same release at once never see a half-written tree.
 
 from __future__ import annotations
 
+import base64
+import csv
 import fcntl
 import hashlib
+import io
 import os
 import re
 import shutil
@@ -67,6 +70,26 @@ def fuser_hash(root: Path) -> str:
     return short_hash((root / FUSER_RELPATH).read_bytes())
 
 
+def loadable_files(root: Path) -> list[Path]:
+    """Every file the loader may import from a tree: the Python files of transformer_engine/."""
+    package = root / "transformer_engine"
+    return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def content_hash(root: Path) -> str:
+    """Short hash of the names and contents of every loadable file: the identity of the
+    code under test, so editing any of them (not only fuser.py) gives a new key."""
+    digest = hashlib.sha256()
+    package = root / "transformer_engine"
+    for path in loadable_files(root):
+        if path.is_symlink() and not path.resolve().is_relative_to(package.resolve()):
+            raise UsageError(f"{path} is a symlink to {path.resolve()}, outside the tree; refusing to load it")
+        data = path.read_bytes()
+        digest.update(f"{path.relative_to(root).as_posix()}\0{len(data)}\0".encode())
+        digest.update(data)
+    return digest.hexdigest()[:16]
+
+
 def _pip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
 
@@ -80,12 +103,34 @@ def index_versions() -> list[str]:
     return [v.strip() for v in match.group(1).split(",")]
 
 
+def _wheel_damage(wheel: Path) -> str | None:
+    """Why a wheel file cannot be trusted (truncated, corrupt member), or None."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            bad = archive.testzip()
+            if bad:
+                return f"member {bad} fails its CRC check"
+            if not any(n.endswith(".dist-info/RECORD") for n in archive.namelist()):
+                return "it has no .dist-info/RECORD"
+    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 def fetch_wheel(version: str, cache: Path, offline: bool) -> Path:
-    """The cached wheel for a release, downloading it first unless offline."""
+    """The cached wheel for a release, downloading it first unless offline. A damaged
+    cached wheel is deleted and fetched again; offline, it is refused with what to delete."""
     wheels = cache / "wheels"
     existing = sorted(wheels.glob(f"transformer_engine-{version}-*.whl"))
     if existing:
-        return existing[0]
+        damage = _wheel_damage(existing[0])
+        if damage is None:
+            return existing[0]
+        if offline:
+            raise UsageError(f"cached wheel {existing[0]} is damaged ({damage}); delete it, then run without --offline")
+        with file_lock(cache / "locks" / f"wheel-{version}.lock"):
+            if existing[0].exists() and _wheel_damage(existing[0]) is not None:
+                existing[0].unlink()
     if offline:
         raise UsageError(
             f"te-{version} is not in the cache ({wheels}); run once without --offline to fetch "
@@ -106,6 +151,9 @@ def fetch_wheel(version: str, cache: Path, offline: bool) -> Path:
                     raise UsageError(f"{PACKAGE}=={version} is not on the package index; valid versions: {valid}")
                 last = (result.stderr.strip().splitlines() or ["pip gave no reason"])[-1]
                 raise UsageError(f"could not download {PACKAGE}=={version}: {last}")
+            damage = _wheel_damage(downloaded[0])
+            if damage:
+                raise UsageError(f"the downloaded wheel {downloaded[0].name} is damaged ({damage})")
             final = wheels / downloaded[0].name
             os.replace(downloaded[0], final)
     return final
@@ -121,19 +169,46 @@ def check_wheel_members(wheel: Path, dest: Path) -> None:
                 raise UsageError(f"wheel {wheel.name} refused: member {name!r} points outside its destination")
 
 
+def _record_digest(data: bytes) -> str:
+    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+
+
+def record_mismatch(root: Path) -> str | None:
+    """Check an unpacked wheel against its own RECORD (every listed file present, with the
+    listed sha256 and size); say what is wrong, or None when the tree is as shipped."""
+    records = list(root.glob("transformer_engine-*.dist-info/RECORD"))
+    if len(records) != 1:
+        return "its .dist-info/RECORD is missing"
+    for row in csv.reader(io.StringIO(records[0].read_text(errors="replace"))):
+        if len(row) < 2 or not row[1]:
+            continue  # RECORD lists itself without a hash
+        path = root / row[0]
+        if not path.is_file() or path.is_symlink():
+            return f"{row[0]} is missing"
+        if _record_digest(path.read_bytes()) != row[1]:
+            return f"{row[0]} differs from the wheel's RECORD"
+    if not (root / FUSER_RELPATH).is_file():
+        return f"{FUSER_RELPATH} is missing"
+    return None
+
+
 def unpack_wheel(wheel: Path, cache: Path, key: str) -> Path:
-    """Unpack a wheel into cache/src/<key> once; later calls reuse the tree."""
+    """Unpack a wheel into cache/src/<key> once; later calls reuse the tree after checking
+    it against the wheel's RECORD, and unpack it again when it was damaged."""
     final = cache / "src" / key
-    if (final / FUSER_RELPATH).is_file():
+    if final.is_dir() and record_mismatch(final) is None:
         return final
     with file_lock(cache / "locks" / f"src-{key}.lock"):
-        if (final / FUSER_RELPATH).is_file():
+        if final.is_dir() and record_mismatch(final) is None:
             return final
         final.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{key}-") as tmp:
-            check_wheel_members(wheel, Path(tmp))
-            with zipfile.ZipFile(wheel) as archive:
-                archive.extractall(tmp)
+            try:
+                check_wheel_members(wheel, Path(tmp))
+                with zipfile.ZipFile(wheel) as archive:
+                    archive.extractall(tmp)
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                raise UsageError(f"cached wheel {wheel} is damaged ({type(exc).__name__}: {exc}); delete it") from None
             if not (Path(tmp) / FUSER_RELPATH).is_file():
                 raise UsageError(f"wheel {wheel.name} has no {FUSER_RELPATH}: not a TE release with the op fuser")
             staged = Path(tmp) / "tree"
@@ -141,6 +216,8 @@ def unpack_wheel(wheel: Path, cache: Path, key: str) -> Path:
             for child in list(Path(tmp).iterdir()):
                 if child != staged:
                     child.rename(staged / child.name)
+            if (problem := record_mismatch(staged)) is not None:
+                raise UsageError(f"wheel {wheel} does not match its own RECORD ({problem}); delete it")
             if final.exists():
                 shutil.rmtree(final)
             staged.rename(final)
@@ -156,12 +233,37 @@ def wheel_version(root: Path) -> str:
 
 
 def tree_version(root: Path) -> str:
-    """Version of a source checkout, from TE's own version file where it has one."""
+    """Version of a source checkout, from TE's own version file where it has one (its
+    first non-empty line: the version is one line in every record and table)."""
     for candidate in ("build_tools/VERSION.txt", "transformer_engine/VERSION.txt", "VERSION.txt"):
         path = root / candidate
         if path.is_file():
-            return path.read_text().strip()
+            lines = [line.strip() for line in path.read_text(errors="replace").splitlines() if line.strip()]
+            return lines[0][:80] if lines else "unknown"
     return wheel_version(root)
+
+
+def _git(root: Path, *args: str) -> str | None:
+    # GIT_OPTIONAL_LOCKS=0: `git status` would otherwise refresh (write) the fork's index.
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
+    try:
+        result = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False,
+                                env=env, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return result.stdout.strip() if result.returncode == 0 else None
+
+
+def git_provenance(root: Path) -> dict[str, str]:
+    """Commit, branch and dirty state of a source tree that is a git work tree (read only);
+    empty when it is not one. Two commits of upstream main share a version string."""
+    if _git(root, "rev-parse", "--is-inside-work-tree") != "true":
+        return {}
+    commit = _git(root, "rev-parse", "HEAD") or "no commit yet"
+    branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD") or "?"
+    status = _git(root, "status", "--porcelain", "--", ".")
+    dirty = "unknown" if status is None else ("dirty" if status else "clean")
+    return {"git_commit": commit, "git_branch": branch, "git_state": dirty}
 
 
 def check_source_tree(path: Path) -> Path:

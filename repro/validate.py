@@ -1,0 +1,85 @@
+"""Option checks shared by the commands, run before anything is written: each bad value
+gives one line saying what was wrong and what is valid (exit status 2)."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+from harness import targets
+from harness.errors import UsageError
+from harness.runner import rundir
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, with its errors on one line (no usage block) and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 1 or more") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not allowed; give 1 or more")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; give seconds above 0") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text} is not allowed; give seconds above 0")
+    return value
+
+
+def check_only(only: list[str] | None) -> None:
+    """A repeated `--only` axis would silently keep the last; its values go in one option."""
+    seen: set[str] = set()
+    for item in only or []:
+        axis = item.split("=", 1)[0].strip()
+        if axis in seen:
+            raise UsageError(f"--only {axis}= is given twice; give its values once, comma-separated "
+                             f"(--only {axis}=A,B)")
+        seen.add(axis)
+
+
+def target_specs(listed: str | None, single: list[str] | None, default: tuple[str, ...] | None) -> list[str] | None:
+    """The targets of `--targets A,B` and repeated `--target SPEC` (never split, so a path
+    holding a comma can be named), each parsed and none repeated; the default when neither
+    (None: each regression's own default targets)."""
+    specs = (targets.parse_spec_list(listed) if listed is not None else []) + list(single or [])
+    if not specs and default is None:
+        return None
+    specs = specs or list(default or ())
+    for spec in specs:
+        targets.parse_spec(spec)
+    targets.check_unique(specs)
+    targets.check_available(specs)
+    return specs
+
+
+def check_out(out_dir: Path, specs: list[str], cache: Path) -> None:
+    rundir.check_out_location(out_dir, targets.source_roots(specs), cache)
+
+
+def check_fork_config(path: str | None, specs: list[str]) -> None:
+    """`--fork-config` must be a valid fork config, and some target must be a tree it applies to."""
+    if path is None:
+        return
+    if not any(targets.parse_spec(spec).kind in ("path", "installed") for spec in specs):
+        raise UsageError("--fork-config applies to path: and installed targets; none is among the targets")
+    from harness.targets import forkconfig
+
+    found = forkconfig.find(Path("."), path)
+    if found is not None:
+        forkconfig.load(found)

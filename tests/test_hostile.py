@@ -1,0 +1,476 @@
+"""Hostile input, tried as a new user would (`python -m repro ...` in a subprocess): each
+attack gives one line on stderr, exit status 2 (or the documented behaviour), and leaves
+nothing behind. Targets come from the shared cache; a damaged cache is a private copy."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from harness import targets
+from harness.errors import UsageError
+from harness.runner import rundir
+from harness.runner.completeness import incomplete_reason
+from harness.targets import forkconfig, patching, sources
+from repro.reports import show_command
+from tests.conftest import REPO
+from tests.fault_plugin import ENV, PLUGIN
+
+SMOKE = ["--matrix", "smoke", "--only", "pipeline=rmsnorm", "-n", "1"]
+FUSER = sources.FUSER_RELPATH
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "repro", *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **(env or {})}, check=False)
+
+
+def assert_refused(result: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def tree_digest(root: Path) -> dict[str, str]:
+    """Every file under root (symlinks as their target) with its content hash."""
+    return {str(p.relative_to(root)): (os.readlink(p) if p.is_symlink() else hashlib.sha256(p.read_bytes()).hexdigest())
+            for p in sorted(root.rglob("*")) if p.is_file() or p.is_symlink()}
+
+
+@pytest.fixture(scope="module")
+def release_root(cache: Path) -> Path:
+    return Path(targets.prepare("te-2.13.0", cache).root or "")
+
+
+@pytest.fixture
+def fork(release_root: Path, tmp_path: Path) -> Path:
+    """A fork's checkout: a git work tree holding a copy of 2.13.0's transformer_engine/."""
+    root = tmp_path / "te-2.13.0+ascend"  # a path with a '+' that is not a patch
+    shutil.copytree(release_root / "transformer_engine", root / "transformer_engine")
+    (root / "build_tools").mkdir()
+    (root / "build_tools/VERSION.txt").write_text("2.13.0.dev0+ascend\nsecond line\n")
+    git = ["git", "-C", str(root), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+    subprocess.run([*git, "init", "-q", "-b", "npu-main"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-qm", "fork"], check=True)
+    return root
+
+
+# ---- options, refused before anything is written ----
+
+BAD_OPTIONS = {
+    "empty --targets": (["--targets", ""], "names no target"),
+    "only commas": (["--targets", ",,,"], "names no target"),
+    "empty item": (["--targets", "te-2.13.0,,te-2.16.0"], "empty item"),
+    "duplicate target": (["--targets", "te-2.13.0,te-2.13.0"], "given twice"),
+    "no workers": (["-n", "0"], "give 1 or more"),
+    "negative workers": (["-n", "-3"], "give 1 or more"),
+    "zero case timeout": (["--case-timeout", "0"], "above 0"),
+    "nan case timeout": (["--case-timeout", "nan"], "above 0"),
+    "zero max cases": (["--max-cases", "0"], "give 1 or more"),
+    "repeated --only axis": (["--only", "pipeline=rmsnorm", "--only", "pipeline=identity"], "given twice"),
+    "short version": (["--targets", "te-2.13"], "write te-2.13.0"),
+    "non-canonical version": (["--targets", "te-2.6.0post1"], "te-2.6.0.post1"),
+    "unknown patch": (["--targets", "te-2.13.0+nopatch"], "valid patches: backport"),
+    "path without dir": (["--targets", "path:"], "names no directory"),
+    "missing path": (["--targets", "path:/nonexistent/te"], "is not a directory"),
+    "installed without TE": (["--targets", "installed"], "no transformer_engine is importable"),
+    "fork config for a release": (["--targets", "te-2.13.0", "--fork-config", "x.toml"], "applies to path:"),
+    "missing fork config": (["--targets", "path:.", "--fork-config", "/nonexistent.toml"], "no such file"),
+    "unknown option": (["--bogus"], "unrecognized arguments"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_OPTIONS)
+def test_bad_option_is_one_line_and_writes_nothing(name: str, tmp_path: Path) -> None:
+    args, fragment = BAD_OPTIONS[name]
+    if name == "installed without TE" and importlib_has_te():
+        pytest.skip("this machine has a transformer_engine installed")
+    out = tmp_path / "out"
+    assert_refused(cli("run", *args, "--out", str(out)), fragment)
+    assert not out.exists()
+
+
+def importlib_has_te() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
+
+
+def test_minimal_on_installed_without_te() -> None:
+    if importlib_has_te():
+        pytest.skip("this machine has a transformer_engine installed")
+    assert_refused(cli("minimal", "--target", "installed"), "no transformer_engine is importable")
+
+
+def test_out_inside_a_source_or_the_cache_is_refused(fork: Path, cache: Path) -> None:
+    inside_tree = fork / "transformer_engine" / "runs"
+    assert_refused(cli("run", *SMOKE, "--targets", f"path:{fork}", "--out", str(inside_tree)), "inside the source tree")
+    inside_cache = cache / "my-run"
+    assert_refused(cli("run", *SMOKE, "--targets", "te-2.13.0", "--out", str(inside_cache)), "inside the target cache")
+    assert not inside_tree.exists() and not inside_cache.exists()
+
+
+def test_show_commands_are_shell_quoted() -> None:
+    command = show_command("issue22:ops-rmsnorm-enabled-leaf-trainable-none-single-dense-float32-cpu", "path:/my fork/te;rm -rf x")
+    assert shlex.split(command)[-2] == "path:/my fork/te;rm -rf x"
+
+
+# ---- target specs of forks: '+' and ',' in paths ----
+
+def test_plus_in_a_path_is_a_patch_only_when_the_patch_exists(fork: Path, tmp_path: Path) -> None:
+    assert targets.parse_spec(f"path:{fork}").value == str(fork)  # te-2.13.0+ascend: 'ascend' is no patch
+    spec = targets.parse_spec(f"path:{fork}+backport")
+    assert (spec.value, spec.patch) == (str(fork), "backport")
+    literal = targets.parse_spec(f"path:{tmp_path}/te+backport/")
+    assert literal.patch is None and literal.value.endswith("te+backport/")
+
+
+def test_a_path_with_a_comma_is_passed_with_target(fork: Path, tmp_path: Path) -> None:
+    comma = tmp_path / "te,npu"
+    fork.rename(comma)
+    from repro.validate import target_specs
+
+    assert target_specs(None, [f"path:{comma}", "te-2.13.0"], ()) == [f"path:{comma}", "te-2.13.0"]
+    prepared = targets.prepare(f"path:{comma}", sources.cache_dir())
+    assert prepared.source == str(comma)
+
+
+# ---- content-addressed sources ----
+
+def test_editing_any_loaded_file_gives_a_new_patched_copy(fork: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    before = targets.prepare(f"path:{fork}+backport", cache)
+    sequential = fork / "transformer_engine/pytorch/ops/sequential.py"
+    sequential.write_text(sequential.read_text() + "\n# a fork's edit\n")
+    after = targets.prepare(f"path:{fork}+backport", cache)
+    assert after.content_sha != before.content_sha and after.root != before.root
+    assert after.fuser_sha == before.fuser_sha  # fuser.py alone would not have told them apart
+    assert (Path(after.root or "") / "transformer_engine/pytorch/ops/sequential.py").read_text().endswith("edit\n")
+    assert before.provenance["git_state"] == "clean" and after.provenance["git_state"] == "dirty"
+    head = subprocess.run(["git", "-C", str(fork), "rev-parse", "HEAD"], capture_output=True, text=True,
+                          check=True).stdout
+    assert after.provenance["git_commit"] == head.strip() and after.provenance["git_branch"] == "npu-main"
+    assert after.version == "2.13.0.dev0+ascend"
+
+
+def test_editing_a_basic_op_changes_the_patched_result(fork: Path) -> None:
+    assert "completed" in cli("minimal", "--target", f"path:{fork}+backport").stdout
+    op = fork / "transformer_engine/pytorch/ops/basic/make_extra_output.py"
+    op.write_text(op.read_text().replace("    def op_forward(", "    def op_forward_renamed_by_fork(", 1))
+    result = cli("minimal", "--target", f"path:{fork}+backport")
+    assert "completed" not in result.stdout, result.stdout
+
+
+def _private_cache(tmp_path: Path, cache: Path) -> Path:
+    private = tmp_path / "cache"
+    (private / "wheels").mkdir(parents=True)
+    for wheel in (cache / "wheels").glob("transformer_engine-2.13.0-*.whl"):
+        shutil.copy(wheel, private / "wheels")
+    return private
+
+
+def test_damaged_unpacked_sources_are_unpacked_again(tmp_path: Path, cache: Path) -> None:
+    private = _private_cache(tmp_path, cache)
+    root = Path(targets.prepare("te-2.13.0", private, offline=True).root or "")
+    good = (root / FUSER).read_bytes()
+    (root / FUSER).write_bytes(good[: len(good) // 2])  # truncated
+    (root / "transformer_engine/pytorch/ops/sequential.py").unlink()  # missing
+    again = targets.prepare("te-2.13.0", private, offline=True)
+    assert (Path(again.root or "") / FUSER).read_bytes() == good
+    assert (Path(again.root or "") / "transformer_engine/pytorch/ops/sequential.py").is_file()
+    patched = Path(targets.prepare("te-2.13.0+backport", private, offline=True).root or "")
+    fixed = (patched / FUSER).read_text()
+    (patched / FUSER).write_text(fixed.replace("set_output_requires_grad", "edited_in_the_cache"))
+    assert (Path(targets.prepare("te-2.13.0+backport", private, offline=True).root or "") / FUSER).read_text() == fixed
+
+
+def test_truncated_wheel_is_refused_with_what_to_delete(tmp_path: Path, cache: Path) -> None:
+    private = _private_cache(tmp_path, cache)
+    wheel = next((private / "wheels").glob("*.whl"))
+    wheel.write_bytes(wheel.read_bytes()[:100_000])
+    result = cli("minimal", "--target", "te-2.13.0", "--offline", env={"TE_REPRO_CACHE": str(private)})
+    assert_refused(result, "damaged", "delete it", str(wheel))
+    assert not (private / "src").exists() or not any((private / "src").iterdir())
+
+
+def test_symlinked_source_file_is_refused(fork: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside.py"
+    outside.write_text((fork / FUSER).read_text())
+    (fork / FUSER).unlink()
+    (fork / FUSER).symlink_to(outside)
+    assert_refused(cli("targets", f"path:{fork}"), "symlink", "outside the tree")
+
+
+# ---- never write into a source ----
+
+def test_a_run_leaves_the_tree_byte_identical_without_pythondontwritebytecode(fork: Path, tmp_path: Path) -> None:
+    before = tree_digest(fork)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    spec = f"path:{fork}"
+    for args in (["run", *SMOKE, "--targets", f"{spec},{spec}+backport", "--out", str(tmp_path / "out")],
+                 ["minimal", "--target", spec], ["targets", spec]):
+        result = subprocess.run([sys.executable, "-m", "repro", *args], capture_output=True, text=True, cwd=REPO,
+                                env=env, check=False)
+        assert result.returncode == 0, result.stderr
+    assert tree_digest(fork) == before
+
+
+# ---- the run dir ----
+
+def _descendants(pid: int) -> set[int]:
+    children: dict[int, list[int]] = {}
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = status.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(status.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.add(child)
+            todo.append(child)
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+def test_second_run_refused_stale_reports_removed_and_sigkill_ends_every_process(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    out.mkdir()
+    for stale in ("report.md", "report.html", "junit.xml", "run.json"):
+        (out / stale).write_text("from an earlier run")
+    hang = {"issue22:ops-rmsnorm-enabled-leaf-trainable-none-single-dense-float32-cpu": "hang"}
+    command = [sys.executable, "-m", "repro", "run", *SMOKE, "--targets", "te-2.20.2", "--out", str(out)]
+    first = subprocess.Popen(command, cwd=REPO, env={**os.environ, ENV: json.dumps(hang), "PYTEST_PLUGINS": PLUGIN}, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while time.time() < deadline and not (out / "results.jsonl").is_file():
+            time.sleep(0.2)
+        assert (out / "results.jsonl").is_file()
+        assert not any((out / stale).exists() for stale in ("report.md", "report.html", "junit.xml", "run.json"))
+        while time.time() < deadline and len(_descendants(first.pid)) < 2:  # session controller and its worker
+            time.sleep(0.2)
+        second = cli("run", *SMOKE, "--targets", "te-2.20.2", "--out", str(out))
+        assert_refused(second, "another repro run is writing to")
+        processes = _descendants(first.pid)
+        assert processes
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    deadline = time.time() + 10
+    while time.time() < deadline and any(map(_alive, processes)):
+        time.sleep(0.2)
+    assert not [pid for pid in processes if _alive(pid)]
+
+
+def test_disk_full_is_one_line_and_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    def full(_fd: int) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(rundir.DiskFull, match="disk full writing .*results.jsonl.*repro report"):
+        rundir.write_atomic(tmp_path / "run.json", "{}")
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- incomplete is a failure ----
+
+def test_target_segfaulting_on_every_affected_case_gets_every_record(tmp_path: Path) -> None:
+    from cases.matrix import generate
+
+    only = ["pipeline=extra_output_only", "dtype=float32", "device=cpu", "sequence=single", "params=trainable",
+            "recompute=none,checkpoint_reentrant"]
+    (selection,) = generate("issue22", only)
+    cases = selection.cases
+    faults = {c.case_id: "segfault" for c in cases if selection.regression.predict(c).expected == "affected"}
+    assert len(faults) > 5  # more crashes than xdist's default worker restarts
+    args = [a for item in only for a in ("--only", item)]
+    result = cli("run", *args, "--targets", "te-2.16.0", "-n", "1", "--out", str(tmp_path),
+                 env={ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN})
+    run = json.loads((tmp_path / "run.json").read_text())
+    assert {r["case_id"] for r in run["results"]} == {c.case_id for c in cases}, result.stderr
+    assert all(r["outcome"] == "crash" for r in run["results"] if r["case_id"] in faults)
+    assert run["not_run"] == [] and incomplete_reason(run) is None
+    assert result.returncode != 0  # crashes on a fixed release
+
+
+def test_missing_results_give_one_line_reason() -> None:
+    run = {"results": [], "complete": False, "missing": 2,
+           "not_run": [{"target": "te-2.16.0", "case_id": "a", "reason": "its session exited with status 1"},
+                       {"target": "te-2.16.0", "case_id": "b", "reason": "its session exited with status 1"}]}
+    reason = incomplete_reason(run)
+    assert reason and "2 case results missing" in reason and "status 1" in reason and "\n" not in reason
+    assert incomplete_reason({"results": [], "complete": False, "missing": 3}) is not None
+    assert incomplete_reason({"results": [], "complete": True, "not_run": []}) is None
+
+
+# ---- reading runs ----
+
+@pytest.fixture
+def partial_run(tmp_path: Path) -> Path:
+    fixture = json.loads((REPO / "tests/fixtures/run-small/run.json").read_text())
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    good = [json.dumps(r) for r in fixture["results"][:3]]
+    lines = [good[0].encode(), b"[1, 2]", b'{"case_id": "x"}', b"\xff\xfe not utf-8", b"{not json",
+             *map(str.encode, good[1:])]
+    (run_dir / "results.jsonl").write_bytes(b"\n".join(lines) + b"\n")
+    specs = list(dict.fromkeys(r["target"] for r in fixture["results"][:3]))
+    (run_dir / "run-meta.json").write_text(json.dumps({"matrix": "smoke", "targets": specs}))
+    return run_dir
+
+
+def test_bad_results_lines_are_reported_not_fatal(partial_run: Path) -> None:
+    result = cli("report", str(partial_run), "--format", "md")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+    for problem in ("line 2: not a JSON object", "line 3: record lacks", "line 4: not UTF-8", "line 5: corrupt"):
+        assert problem in result.stdout + result.stderr
+
+
+def test_run_json_without_results_is_refused(partial_run: Path) -> None:
+    (partial_run / "run.json").write_text(json.dumps({"schema": "repro.run/1", "environment": {"targets": []}}))
+    assert_refused(cli("report", str(partial_run)), "has no results list")
+
+
+def test_report_never_overwrites_its_inputs(partial_run: Path) -> None:
+    before = tree_digest(partial_run)
+    for victim in ("results.jsonl", "run-meta.json", "run.json"):
+        assert_refused(cli("report", str(partial_run), "-o", str(partial_run / victim)), "own input")
+    assert tree_digest(partial_run) == before
+
+
+# ---- patches and fork configs ----
+
+def _patch_dir(tmp_path: Path, toml: str, patch: bytes | None = None) -> Path:
+    patches = tmp_path / "patches"
+    patches.mkdir(exist_ok=True)
+    (patches / "p.toml").write_text(toml)
+    if patch is not None:
+        (patches / "p.patch").write_bytes(patch)
+    return patches
+
+
+HUNK = b"--- a/transformer_engine/x.py\n+++ b/transformer_engine/x.py\n@@ -1 +1 @@\n-a\n+b\n"
+BAD_PATCHES = {
+    "symlink": (b"diff --git a/l b/l\nnew file mode 120000\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n+/etc\n",
+                "symlink"),
+    "binary": (b"diff --git a/x.bin b/x.bin\nGIT binary patch\nliteral 1\nIc${iG0\n", "binary"),
+    "not utf-8": (HUNK.replace(b"+b", b"+\xff\xfe"), "not UTF-8"),
+    "deletes fuser.py": (b"--- a/transformer_engine/pytorch/ops/fuser.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-x\n",
+                         "deletes transformer_engine/pytorch/ops/fuser.py"),
+    "climbs out": (HUNK.replace(b"transformer_engine/x.py", b"../x.py"), "outside the source tree"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_PATCHES)
+def test_unsafe_patch_is_refused(name: str, tmp_path: Path) -> None:
+    text, fragment = BAD_PATCHES[name]
+    with pytest.raises(UsageError, match=fragment):
+        patching.load_patch("p", _patch_dir(tmp_path, 'patch = "p.patch"\n', text))
+
+
+BAD_TOMLS = {
+    "malformed": ("patch = \n", "not valid TOML"),
+    "unknown key": ('patch = "p.patch"\nfixed = ["issue22"]\n', "unknown keys"),
+    "patch outside patches/": ('patch = "../p.patch"\n', "without '..'"),
+    "absolute patch": ('patch = "/etc/passwd"\n', "relative to the tree"),
+    "marker outside the tree": (('patch = "p.patch"\n[[recognise]]\nfile = "../../etc/passwd"\npattern = "x"\n'
+                                 'means = "m"\n'), "without '..'"),
+    "marker missing means": ('patch = "p.patch"\n[[recognise]]\nfile = "a.py"\npattern = "x"\n', "exactly"),
+    "bad regex": ('patch = "p.patch"\n[[recognise]]\nfile = "a.py"\npattern = "("\nmeans = "m"\n', "regular expr"),
+    "fixes not a list": ('patch = "p.patch"\nfixes = "issue22"\n', "list of regression ids"),
+}
+
+
+@pytest.mark.parametrize("name", BAD_TOMLS)
+def test_bad_patch_description_is_refused(name: str, tmp_path: Path) -> None:
+    toml, fragment = BAD_TOMLS[name]
+    with pytest.raises(UsageError, match=fragment) as raised:
+        patching.load_patch("p", _patch_dir(tmp_path, toml, HUNK))
+    assert "\n" not in str(raised.value)
+
+
+def test_new_patch_format_with_several_markers(tmp_path: Path) -> None:
+    toml = ('description = "d"\npatch = "p.patch"\nfixes = ["issue22"]\n'
+            '[[recognise]]\nfile = "a.py"\npattern = "one"\nmeans = "first"\n'
+            '[[recognise]]\nfile = "b.py"\npattern = "two"\nmeans = "second"\n')
+    patch = patching.load_patch("p", _patch_dir(tmp_path, toml, HUNK))
+    assert patch.fixes == ("issue22",) and [m.means for m in patch.markers] == ["first", "second"]
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "b.py").write_text("two")
+    assert patching.apply_patch(tree, patch) == ("already-applied", "recognised by marker: second")
+
+
+def test_fork_config_markers_and_a_bad_config(fork: Path, tmp_path: Path) -> None:
+    (fork / forkconfig.TREE_FILE).write_text('[[fixes.issue22]]\nfile = "transformer_engine/pytorch/ops/fuser.py"\n'
+                                             'pattern = "npu_guard"\nmeans = "the fork\'s guard"\n')
+    prepared = targets.prepare(f"path:{fork}", tmp_path / "cache")
+    assert prepared.fix_markers == {"issue22": [{"file": "transformer_engine/pytorch/ops/fuser.py",
+                                                 "pattern": "npu_guard", "means": "the fork's guard"}]}
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[standins."transformer_engine.pytorch.fp8"]\nnpu = "maybe"\n')
+    assert_refused(cli("targets", f"path:{fork}", "--fork-config", str(bad)), "fork config", "standins")
+
+
+def test_fork_load_errors_name_file_line_module_and_symbol(fork: Path, tmp_path: Path) -> None:
+    op = fork / "transformer_engine/pytorch/ops/op.py"
+    original = op.read_text()
+    op.write_text(original.replace("\nimport torch\n", "\nimport torch\nimport torch_npu\n", 1))
+    line = op.read_text().splitlines().index("import torch_npu") + 1
+    out = cli("targets", f"path:{fork}").stdout
+    assert f"transformer_engine/pytorch/ops/op.py:{line} imports module torch_npu" in out, out
+
+    # The fork's own symbol in a stood-in module, and its own real submodule of tensor/.
+    (fork / "transformer_engine/pytorch/tensor/npu_tensor.py").write_text("NPU_TENSOR = 1\n")
+    op.write_text(original.replace("\nimport torch\n", "\nimport torch\nfrom ..quantization import npu_on\n"
+                                   "from ..tensor.npu_tensor import NPU_TENSOR\n", 1))
+    out = cli("targets", f"path:{fork}").stdout
+    assert "op.py:" in out and "transformer_engine.pytorch.quantization.npu_on" in out, out
+    config = tmp_path / "fork.toml"
+    config.write_text('[standins."transformer_engine.pytorch.quantization"]\nnpu_on = "false"\n')
+    out = cli("targets", f"path:{fork}", "--fork-config", str(config)).stdout
+    assert "loaded" in out, out
+
+    op.write_text(original)
+    fuser = fork / FUSER
+    fuser.write_text(fuser.read_text() + "\ndef broken(:\n")
+    out = cli("targets", f"path:{fork}").stdout
+    assert "SyntaxError" in out and "fuser.py:" in out and "already imported" not in out, out
+
+
+def test_fork_config_renamed_op(fork: Path, tmp_path: Path) -> None:
+    basic = fork / "transformer_engine/pytorch/ops/basic"
+    text = (basic / "make_extra_output.py").read_text()
+    (basic / "make_extra_output.py").unlink()
+    (basic / "npu_extra_output.py").write_text(text.replace("class MakeExtraOutput(", "class NpuExtraOutput("))
+    out = cli("targets", f"path:{fork}").stdout
+    assert "MakeExtraOutput" not in out.split("TE's own:")[1].split(";")[0], out
+    config = tmp_path / "fork.toml"
+    config.write_text('[renamed_ops]\nMakeExtraOutput = "npu_extra_output:NpuExtraOutput"\n')
+    out = cli("targets", f"path:{fork}", "--fork-config", str(config)).stdout
+    assert "MakeExtraOutput (as NpuExtraOutput)" in out, out
