@@ -4,7 +4,8 @@ reports use them. A case id is its regression id and its axis values in this ord
 from __future__ import annotations
 
 AXES: dict[str, tuple[str, ...]] = {
-    "client": ("ops",),
+    # ops: the harness's te.ops pipelines; megatron_*: Megatron's own modules (cases/clients.py).
+    "client": ("ops", "megatron_norm", "megatron_block"),
     "pipeline": (
         "fused_residual_rmsnorm",
         "fused_residual_rmsnorm_inplace",
@@ -22,7 +23,9 @@ AXES: dict[str, tuple[str, ...]] = {
     "grad_mode": ("enabled", "no_grad", "inference_mode", "enable_grad_inside_no_grad"),
     "input": ("leaf", "leaf_requires_grad", "non_leaf", "view", "detached"),
     "params": ("trainable", "frozen"),
-    "recompute": ("none", "checkpoint_reentrant", "checkpoint_non_reentrant", "megatron"),
+    # The first four wrap the call; full_block and full_uniform are a Megatron TransformerBlock's
+    # own setting (recompute_granularity="full", method block or uniform), megatron_block only.
+    "recompute": ("none", "checkpoint_reentrant", "checkpoint_non_reentrant", "megatron", "full_block", "full_uniform"),
     "sequence": ("single", "recompute_pattern"),
     # The form of the upstream gradient: dense (a weighted loss) or expanded (a plain
     # .sum(), whose gradient is a stride-0 view that cannot be written into).

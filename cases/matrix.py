@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from cases.axes import AXES
 from cases.case import Case
+from cases.clients import client_exclusion
 from cases.pipelines import PIPELINES
 from cases.regression import Regression
 from cases.regressions import REGRESSIONS
@@ -27,6 +28,8 @@ ALL = "all"
 
 def common_exclusion(case: Case) -> str | None:
     """Why a combination makes no sense for any regression, or None."""
+    if reason := client_exclusion(case):
+        return reason
     if case.recompute != "none" and case.grad_mode != "enabled":
         return f"recompute wrappers run inside a training step; not under grad_mode={case.grad_mode}"
     if case.sequence == "recompute_pattern" and (case.grad_mode != "enabled" or case.recompute != "none"):

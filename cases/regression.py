@@ -27,8 +27,13 @@ class Symptom:
     frame: str | None = None  # the innermost TE frame's file, e.g. "pytorch/ops/fuser.py"
     side_effect: str | None = None  # regex searched in the recorded side effects
     wrong_gradient: str | None = None  # regex searched in the gradient check's failures
+    # "file suffix:function" of frames the observed traceback must hold, in this order (others may
+    # come between); read from the record's `frames`, which Megatron client cases store.
+    frames: tuple[str, ...] = ()
 
     def matches(self, observation: Mapping[str, Any]) -> bool:
+        if self.frames and not _frames_in_order(self.frames, observation.get("frames") or []):
+            return False
         error = observation.get("error")
         if self.error_type or self.message or self.frame:
             if not error or (self.error_type and error.get("type") != self.error_type):
@@ -42,6 +47,15 @@ class Symptom:
             return False
         gradients = (observation.get("details") or {}).get("gradients") or []
         return not (self.wrong_gradient and not any(re.search(self.wrong_gradient, g) for g in gradients))
+
+
+def _frames_in_order(expected: tuple[str, ...], observed: list[Mapping[str, Any]]) -> bool:
+    remaining = iter(observed)
+    for want in expected:
+        file, function = want.rsplit(":", 1)
+        if not any(f.get("file", "").endswith(file) and f.get("function") == function for f in remaining):
+            return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,18 @@ tensor requires grad:
 The fuser runs with grad disabled under no_grad or inference_mode, in the first forward
 of a reentrant checkpoint or Megatron's CheckpointFunction, and in the no_grad step of
 recompute_pattern. With grad enabled the calls set True, a legal no-op on a non-leaf.
+
+Through Megatron (cases/clients.py): TEFusedResidualRMSNorm is Sequential(MakeExtraOutput,
+RMSNorm), so it hands its input back. `megatron_norm` gets the caller's tensor as the ops
+pipelines do. `megatron_block`'s full recompute runs each recomputed layer inside
+CheckpointFunction.forward under torch.no_grad(), and layer 0's input_layernorm gets the
+block's input, with two differences from the caller's tensor:
+- TransformerBlock.forward replaces a view by make_viewless_tensor's copy. With grad enabled
+  (the full recompute calls it before checkpointing) the copy is a non-leaf; under no grad it
+  is a fresh leaf of Megatron's own, so the caller's tensor is never touched;
+- with method uniform every layer is its own CheckpointFunction: layer 1's input is layer 0's
+  checkpoint output, a non-leaf that requires grad whenever the caller's input does (always,
+  for the inputs a full recompute takes).
 """
 
 from __future__ import annotations
@@ -20,10 +32,19 @@ from __future__ import annotations
 from cases import deviations
 from cases.axes import AXES, INPUTS_REQUIRING_GRAD, NON_LEAF_INPUTS, narrowed
 from cases.case import Case
+from cases.clients import BLOCK_RECOMPUTES
 from cases.pipelines import PIPELINES
 from cases.regression import Regression, Rule, Symptom
+from harness.megatron.frames import REPORT_FRAMES
 
-NO_GRAD_RECOMPUTES = ("checkpoint_reentrant", "megatron")
+# Recomputes whose first forward runs the fuser under torch.no_grad(): torch's reentrant
+# checkpoint, Megatron's CheckpointFunction, and Megatron's full recompute of a block (which
+# runs the same CheckpointFunction around its layers).
+NO_GRAD_RECOMPUTES = ("checkpoint_reentrant", "megatron", *BLOCK_RECOMPUTES)
+# The report's traceback, as "file:function" (harness/megatron/frames.py holds it with its lines).
+REPORT_PATH = tuple(f"{file}:{function}" for file, function, _line in REPORT_FRAMES)
+CHECKPOINT_FRAME = REPORT_PATH[0]  # tensor_parallel/random.py CheckpointFunction.forward
+TE_NORM_PATH = REPORT_PATH[2:]  # extensions/transformer_engine.py forward -> sequential -> fuser
 
 
 def fuser_runs_without_grad(case: Case) -> bool:
@@ -34,8 +55,22 @@ def fuser_runs_without_grad(case: Case) -> bool:
     )
 
 
-def _exposed(case: Case) -> bool:
-    return fuser_runs_without_grad(case) and PIPELINES[case.pipeline].exposes_input
+def exposed_to_fuser(case: Case) -> str | None:
+    """What a pass-through op hands back to a fuser running without grad, that requires grad:
+    "non_leaf" (requires_grad_ raises), "caller_leaf" (the caller's own leaf: its flag is
+    cleared), or None (grad is enabled, nothing is handed back, or it needs no grad)."""
+    if not fuser_runs_without_grad(case) or not PIPELINES[case.pipeline].exposes_input:
+        return None
+    if case.client == "megatron_block":
+        if case.recompute == "full_uniform":
+            return "non_leaf"  # layer 1 gets layer 0's checkpoint output
+        if case.input == "view":  # make_viewless_tensor's copy
+            return "non_leaf" if case.recompute in BLOCK_RECOMPUTES else None
+    if case.input in NON_LEAF_INPUTS:
+        return "non_leaf"
+    if case.input in INPUTS_REQUIRING_GRAD:
+        return "caller_leaf"
+    return None
 
 
 def _unaffected_reason(case: Case) -> str:
@@ -43,7 +78,18 @@ def _unaffected_reason(case: Case) -> str:
         return "the fuser runs with grad enabled"
     if not PIPELINES[case.pipeline].exposes_input:
         return f"{case.pipeline} hands back no input tensor unchanged"
+    if case.client == "megatron_block" and case.input == "view":
+        return "TransformerBlock replaces a view by make_viewless_tensor's copy, under no grad a leaf of its own"
     return f"input {case.input} does not require grad"
+
+
+_CRASH = {"error_type": "RuntimeError", "message": r"you can only change requires_grad flags of leaf variables",
+          "frame": "transformer_engine/pytorch/ops/fuser.py"}
+_CRASH_TEXT = "RuntimeError 'you can only change requires_grad flags of leaf variables' from ops/fuser.py"
+
+
+def _crashes(case: Case) -> bool:
+    return exposed_to_fuser(case) == "non_leaf"
 
 
 def _exclude(case: Case) -> str | None:
@@ -61,19 +107,36 @@ REGRESSION = Regression(
     patches=("backport",),
     rules=(
         Rule(
-            name="non_leaf_input_crashes",
-            applies=lambda case: _exposed(case) and case.input in NON_LEAF_INPUTS,
+            name="megatron_block_crashes_as_reported",
+            applies=lambda case: case.client == "megatron_block" and case.recompute in BLOCK_RECOMPUTES
+            and _crashes(case),
             symptom=Symptom(
-                "RuntimeError 'you can only change requires_grad flags of leaf variables' from ops/fuser.py",
-                error_type="RuntimeError",
-                message=r"you can only change requires_grad flags of leaf variables",
-                frame="transformer_engine/pytorch/ops/fuser.py",
+                f"{_CRASH_TEXT}, through the report's frames: {' -> '.join(REPORT_PATH)}",
+                **_CRASH, frames=REPORT_PATH,
             ),
+            why="the bug report's crash: Megatron's full recompute runs the layer in CheckpointFunction.forward "
+            "under no_grad; input_layernorm (TEFusedResidualRMSNorm) hands the non-leaf hidden states back and "
+            "the fuser calls requires_grad_ on them",
+        ),
+        Rule(
+            name="megatron_crashes_in_te_fused_norm",
+            applies=lambda case: case.client != "ops" and _crashes(case),
+            symptom=Symptom(
+                f"{_CRASH_TEXT}, through Megatron's TEFusedResidualRMSNorm: {' -> '.join(TE_NORM_PATH)}",
+                **_CRASH, frames=TE_NORM_PATH,
+            ),
+            why="Megatron's TEFusedResidualRMSNorm is Sequential(MakeExtraOutput, RMSNorm): it hands a non-leaf "
+            "input back to a fuser running without grad",
+        ),
+        Rule(
+            name="non_leaf_input_crashes",
+            applies=_crashes,
+            symptom=Symptom(_CRASH_TEXT, **_CRASH),
             why="requires_grad_(False) on a non-leaf input raises",
         ),
         Rule(
             name="leaf_flag_cleared",
-            applies=lambda case: _exposed(case) and case.input in INPUTS_REQUIRING_GRAD,
+            applies=lambda case: exposed_to_fuser(case) == "caller_leaf",
             symptom=Symptom(
                 "side effect: the caller's x.requires_grad goes from True to False",
                 side_effect=r"caller's x\.requires_grad: True -> False",

@@ -11,12 +11,14 @@ import contextlib
 import time
 import zlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from cases.axes import INPUTS_REQUIRING_GRAD
 from cases.case import Case
+from cases.clients import BLOCK_RECOMPUTES
 from cases.deviations import split_known
 from cases.pipelines import HIDDEN, PIPELINES
 from cases.regressions import REGRESSIONS
@@ -64,7 +66,7 @@ def grad_mode(name: str) -> Iterator[None]:
 
 
 def wrap(function: Callable[..., Any], recompute: str, device: str) -> Callable[..., Any]:
-    if recompute == "none":
+    if recompute == "none" or recompute in BLOCK_RECOMPUTES:  # a block's own recompute is built into it
         return function
     if recompute == "megatron":
         random = import_megatron(device)
@@ -158,21 +160,51 @@ def missing_features(case: Case, target: LoadedTarget) -> list[str]:
     return [f for f in PIPELINES[case.pipeline].requires if f not in target.features]
 
 
+@dataclass
+class Subject:
+    """What one case calls and compares: the test side and the reference side, built from the
+    same values, with their parameters, and the shape of the caller's input."""
+
+    test: Callable[..., Any]
+    reference: Callable[..., Any]
+    params: dict[str, torch.Tensor]
+    reference_params: dict[str, torch.Tensor]
+    input_shape: tuple[int, ...]
+    # Extra record fields for an error of the test side (Megatron: the frames against the report's).
+    describe_error: Callable[[BaseException], dict[str, Any]] = lambda exc: {}
+
+
+def ops_subject(case: Case, target: LoadedTarget) -> Subject:
+    """A te.ops pipeline from the catalogue, and its plain-PyTorch reference on cloned parameters."""
+    module = build_module(case, target)
+    params: dict[str, torch.Tensor] = dict(module.named_parameters())
+    for p in params.values():
+        p.requires_grad_(case.params == "trainable")
+    ref_params = {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in params.items()}
+    reference = PIPELINES[case.pipeline].reference
+    ordered_ref_params = list(ref_params.values())
+    return Subject(module, lambda x, *extra: reference(x, extra, ordered_ref_params), params, ref_params,
+                   (4, HIDDEN))
+
+
+def build_subject(case: Case, target: LoadedTarget, seed: int) -> Subject:
+    if case.client == "ops":
+        return ops_subject(case, target)
+    # Imported here: only the processes that run Megatron cases import Megatron.
+    from harness.megatron.cases import megatron_subject
+
+    return megatron_subject(case, target, seed)
+
+
 def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
     """Observe one case: the fields of its result record, without prediction or verdict."""
     started = time.perf_counter()
     seed = zlib.crc32(case.case_id.split(":", 1)[1].encode())
     torch.manual_seed(seed)
     dtype = DTYPES[case.dtype]
-    module = build_module(case, target)
-    params: dict[str, torch.Tensor] = dict(module.named_parameters())
-    for p in params.values():
-        p.requires_grad_(case.params == "trainable")
-    ref_params = {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in params.items()}
-    values = torch.randn(4, HIDDEN, dtype=dtype, device=case.device)
-    residual = torch.randn(4, HIDDEN, dtype=dtype, device=case.device)
-    reference = PIPELINES[case.pipeline].reference
-    ordered_ref_params = list(ref_params.values())
+    subject = build_subject(case, target, seed)
+    values = torch.randn(*subject.input_shape, dtype=dtype, device=case.device)
+    residual = torch.randn(*subject.input_shape, dtype=dtype, device=case.device)
 
     weights: list[torch.Tensor] = []
 
@@ -181,19 +213,18 @@ def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
             weights.append(torch.randn(outputs[len(weights)].shape, device=case.device))
         return weights
 
-    test = Side(case, module, make_inputs(case, values, residual), params)
-    ref = Side(case, lambda x, *extra: reference(x, extra, ordered_ref_params), make_inputs(case, values, residual),
-               ref_params)
+    test = Side(case, subject.test, make_inputs(case, values, residual), subject.params)
+    ref = Side(case, subject.reference, make_inputs(case, values, residual), subject.reference_params)
     try:
         ref.run(weights_for)
     except Exception as exc:  # noqa: BLE001
         return observation(Outcome.HARNESS_ERROR, {"reference": ["the unfused reference itself failed"]},
                            error_record(exc, None), started, note="the unfused reference itself failed")
-    error = None
+    error, error_fields = None, {}
     try:
         test.run(weights_for)
     except Exception as exc:  # noqa: BLE001 — the observation we exist to record
-        error = error_record(exc, target.te_dir)
+        error, error_fields = error_record(exc, target.te_dir), subject.describe_error(exc)
 
     failed: dict[str, list[str]] = {}
     assert test.after is not None and ref.after is not None
@@ -215,6 +246,7 @@ def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
     outcome = next((OUTCOME_OF_CHECK[c] for c in OUTCOME_OF_CHECK if c in failed), Outcome.PASS)
     record = observation(outcome, failed, error, started)
     record["known_deviations"] = known
+    record.update(error_fields)
     return record
 
 

@@ -9,7 +9,8 @@ from the same weights. The engine calls `build_client` and runs the two sides.
   `input_layernorm` from `TESpecProvider().layer_norm(rms_norm=True, has_residual=True)`, at
   world size 1. `recompute` is Megatron's own: "full_block" (recompute_granularity="full",
   method "block", 1 layer), "full_uniform" (method "uniform", 1 layer per chunk) or "none"
-  (the control). Reference: the same block, same weights, without recompute.
+  (the control). Reference: the same block, same weights, without recompute, its
+  input_layernorm the local spec's own (torch), so the reference never runs TE's fuser.
 
 Harness code on the block's path, and why: an explicit CPU causal mask (the local attention's
 fused mask kernel is CUDA-only), and `_MLACoreAttention`, because MLA hands its core attention
@@ -148,13 +149,25 @@ def _block(megatron: LoadedMegatron, dtype: torch.dtype, device: str, recompute:
         raise UsageError(f"unknown block recompute {recompute!r}; valid: {', '.join(BLOCK_RECOMPUTES)}")
     specs = megatron.module("models.gpt.gpt_layer_specs")
     provider = megatron.module("extensions.transformer_engine_spec_provider").TESpecProvider()
-    spec = specs.get_gpt_layer_local_spec(multi_latent_attention=True, normalization="RMSNorm")
-    spec.submodules.input_layernorm = provider.layer_norm(rms_norm=True, has_residual=True)
-    spec.submodules.self_attention.submodules.core_attention = _mla_core_attention(megatron)
+
+    def layer_spec(te_norm: bool) -> Any:
+        spec = specs.get_gpt_layer_local_spec(multi_latent_attention=True, normalization="RMSNorm")
+        if te_norm:
+            spec.submodules.input_layernorm = provider.layer_norm(rms_norm=True, has_residual=True)
+        spec.submodules.self_attention.submodules.core_attention = _mla_core_attention(megatron)
+        return spec
+
     block_class = megatron.module("transformer.transformer_block").TransformerBlock
-    test_block = block_class(_config(megatron, dtype, recompute), spec).to(device)
-    ref_block = block_class(_config(megatron, dtype, "none"), spec).to(device)
-    ref_block.load_state_dict(test_block.state_dict())
+    test_block = block_class(_config(megatron, dtype, recompute), layer_spec(te_norm=True)).to(device)
+    # The reference keeps the local spec's own input_layernorm (torch's RMSNorm; the layer then
+    # takes the residual from its input): the same computation, never through TE's fuser, so
+    # the reference cannot have the bug under test, under no_grad either.
+    ref_block = block_class(_config(megatron, dtype, "none"), layer_spec(te_norm=False)).to(device)
+    for layer in ref_block.layers:  # torch's norm is built in float32 whatever params_dtype says
+        layer.input_layernorm.to(dtype)
+    # TE's modules add an `_extra_state` entry (FP8 metadata; none here) that torch's norm has no use for.
+    state = test_block.state_dict()
+    ref_block.load_state_dict({k: v for k, v in state.items() if not k.endswith("input_layernorm._extra_state")})
     mask = torch.triu(torch.ones(SEQ, SEQ, dtype=torch.bool, device=device), diagonal=1).view(1, 1, SEQ, SEQ)
 
     def runner(block: torch.nn.Module) -> Callable[[torch.Tensor], tuple[torch.Tensor, ...]]:

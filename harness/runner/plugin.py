@@ -78,9 +78,10 @@ def _target(config: pytest.Config, needs_megatron: bool) -> Any:
 class CaseFile(pytest.File):
     def collect(self):  # type: ignore[no-untyped-def]
         from cases.case import Case
+        from cases.clients import needs_megatron as case_needs_megatron
 
         payload = json.loads(self.path.read_text())
-        needs_megatron = any(c["recompute"] == "megatron" for c in payload["cases"])
+        needs_megatron = any(case_needs_megatron(Case(**c)) for c in payload["cases"])
         for fields in payload["cases"]:
             case = Case(**fields)
             yield CaseItem.from_parent(self, name=case.case_id, case=case, needs_megatron=needs_megatron)

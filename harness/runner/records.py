@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from cases.case import Case
+from cases.clients import CLIENTS, needs_megatron
 from cases.regressions import REGRESSIONS
 from harness.errors import TargetLoadError
 from harness.model import SCHEMA, Outcome, Role
@@ -44,8 +45,13 @@ def judge(case: Case, spec: str, target: Any, role: Role, megatron_error: str | 
 
     if isinstance(target, TargetLoadError):
         return finish(case, spec, role, _not_run(Outcome.HARNESS_ERROR, "load", str(target)))
-    if case.recompute == "megatron" and megatron_error:
+    if needs_megatron(case) and megatron_error:
         return finish(case, spec, role, _not_run(Outcome.HARNESS_ERROR, "megatron", megatron_error))
+    if CLIENTS[case.client].uses_megatron and "RMSNorm" not in target.te_modules:
+        # Megatron's TEFusedResidualRMSNorm subclasses te.pytorch.RMSNorm, which must run as shipped.
+        why = target.own_op_fallbacks.get("RMSNorm") or "TE's own te.pytorch.RMSNorm is not loaded"
+        return finish(case, spec, role, _not_run(Outcome.NOT_APPLICABLE, "applicability",
+                                                 f"not applicable on this release: {spec}: {why}"))
     from cases.pipelines import PIPELINES, ops_used
 
     missing = [op for op in target.missing_ops if op in ops_used(PIPELINES[case.pipeline])]
