@@ -139,6 +139,26 @@ def _attention(run: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _frame_tables(run: dict[str, Any]) -> list[str]:
+    """The bug report's traceback frame by frame against a reproduced megatron_block case's."""
+    tables = reports.frame_tables(run)
+    if not tables:
+        return []
+    lines = ["## The bug report's frames in Megatron's traceback",
+             ("Each frame of the report's traceback (file and function, in its order) and where the observed"
+              " traceback of a reproduced `megatron_block` case has it: `MISSING` when absent, `NO` when it comes"
+              " out of the report's order. The report's TE lines are the NPU fork's."), ""]
+    for found in tables:
+        lines += [(f"{code(found['target'], False)}, case {code(found['case_id'], False)}"
+                   f" ({found['all_frames_in_order']} of {found['cases']} reproduced megatron_block cases have every"
+                   " frame in order):"), ""]
+        rows = [[code(r["expected_file"]), code(r["expected_function"]), str(r["report_line"] or "-"),
+                 code(r["observed"]) if r["observed"] else "**MISSING**", "yes" if r["in_order"] else "**NO**"]
+                for r in found["rows"]]
+        lines += [*table(["report frame", "function", "report line", "observed", "in order"], rows), ""]
+    return lines
+
+
 def _failures(run: dict[str, Any]) -> list[str]:
     groups = reports.failure_groups(run)
     if not groups:
@@ -196,7 +216,7 @@ def _render(run: dict[str, Any], reviewed: bool) -> str:
     regressions = reports.regression_ids(run)
     for regression in regressions:
         lines += _grid(run, regression, len(regressions) > 1)
-    lines += _failures(run) + _environment(run, reviewed)
+    lines += _frame_tables(run) + _failures(run) + _environment(run, reviewed)
     if run.get("perf") and not reviewed:
         lines += render_perf(run["perf"])
     if run.get("problems"):

@@ -270,6 +270,30 @@ def present_values(run: dict[str, Any]) -> dict[str, list[str]]:
             [v for v in seen[axis] if v not in declared.get(axis, [])] for axis in axes_of(run)}
 
 
+def row_label(record: dict[str, Any]) -> str:
+    """A grid row's first part: the pipeline of an ops case; a Megatron client's name (it builds
+    its own pipeline), so its cases never share a cell with the ops pipelines'."""
+    client = record.get("client", "ops")
+    return record["pipeline"] if client == "ops" else client
+
+
+def frame_tables(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per target, the bug report's traceback frames against the observed traceback of one
+    reproduced megatron_block case (the first by case id), from the stored `frame_table`, and
+    how many of that target's reproduced megatron_block cases have every frame in order."""
+    found: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for record in run["results"]:
+        if record.get("client") == "megatron_block" and record.get("frame_table") and record["verdict"] == "reproduced":
+            found[record["target"]].append(record)
+    tables = []
+    for spec in target_specs(run):
+        if records := sorted(found.get(spec, []), key=lambda r: r["case_id"]):
+            complete = sum(all(row["observed"] and row["in_order"] for row in r["frame_table"]) for r in records)
+            tables.append({"target": spec, "case_id": records[0]["case_id"], "rows": records[0]["frame_table"],
+                           "cases": len(records), "all_frames_in_order": complete})
+    return tables
+
+
 def pivot(run: dict[str, Any], records: list[dict[str, Any]] | None = None,
           ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[Any, dict[str, str]]]:
     """Rows pipeline x input, columns grad_mode x recompute; per cell and target the worst
@@ -279,12 +303,12 @@ def pivot(run: dict[str, Any], records: list[dict[str, Any]] | None = None,
     seen: dict[Any, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     bad: set[tuple[Any, str]] = set()
     for record in found:
-        key = ((record["pipeline"], record["input"]), (record["grad_mode"], record["recompute"]))
+        key = ((row_label(record), record["input"]), (record["grad_mode"], record["recompute"]))
         seen[key][record["target"]].append(record["outcome"])
         if record["verdict"] in BAD_VERDICTS:
             bad.add((key, record["target"]))
-    rows = [(p, i) for p in values.get("pipeline", []) for i in values.get("input", [])
-            if any(k[0] == (p, i) for k in seen)]
+    labels = [*values.get("pipeline", []), *(c for c in values.get("client", []) if c != "ops")]
+    rows = [(p, i) for p in labels for i in values.get("input", []) if any(k[0] == (p, i) for k in seen)]
     cols = [(g, r) for g in values.get("grad_mode", []) for r in values.get("recompute", [])
             if any(k[1] == (g, r) for k in seen)]
     cells = {key: {spec: worst(outs) + ("!" if (key, spec) in bad else "") for spec, outs in by_target.items()}

@@ -3,21 +3,27 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from unittest import mock
 
 from tabulate import tabulate
 
 from cases.axes import AXES
+from cases.clients import needs_megatron
 from cases.matrix import MAX_CASES_DEFAULT, generate, matrix_names
 from cases.regressions import REGRESSIONS
 from harness import targets
 from harness.errors import UsageError
+from harness.megatron.loader import MEGATRON_ENV
+from harness.megatron.source import DEFAULT_VERSION, PreparedMegatron, check_megatron_spec, prepare_megatron
 from harness.model import json_schema
 from harness.runner import rundir
 from harness.runner.completeness import incomplete_reason
@@ -48,6 +54,32 @@ def rerun_selection(args: argparse.Namespace) -> list | None:
     return rerun.select_cases(case_ids) if case_ids else None
 
 
+def megatron_for_run(spec: str | None, selections: list, out_dir: Path, cache: Path,
+                     offline: bool) -> PreparedMegatron | None:
+    """The Megatron source the run's Megatron cases import (fetched now, so a bad --megatron is
+    refused before anything is written); None when no selected case imports Megatron."""
+    if spec is not None:
+        check_megatron_spec(spec)
+        if spec.startswith("path:"):  # cheap to check whether it is used or not
+            prepare_megatron(spec, cache, offline)
+    if not any(needs_megatron(case) for selection in selections for case in selection.cases):
+        return None
+    prepared = prepare_megatron(spec or DEFAULT_VERSION, cache, offline)
+    if prepared.spec.startswith("path:"):
+        rundir.check_out_location(out_dir, [Path(prepared.root)], cache)
+    return prepared
+
+
+@contextlib.contextmanager
+def megatron_env(megatron: PreparedMegatron | None) -> Iterator[None]:
+    """Hand the Megatron source to the run's worker processes ($TE_REPRO_MEGATRON), for this run only."""
+    if megatron is None:
+        yield
+        return
+    with mock.patch.dict(os.environ, {MEGATRON_ENV: megatron.to_json()}):
+        yield
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if (selection := rerun_selection(args)) is not None:
         if not selection:
@@ -60,11 +92,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     specs = validate.target_specs(args.targets, args.target, None)  # None: each regression's own defaults
     validate.check_fork_config(args.fork_config, specs or [])
     validate.check_only(args.only)
-    generate(args.matrix, args.only, args.max_cases)
+    selections = generate(args.matrix, args.only, args.max_cases)
     out_dir = Path(args.out or Path("runs") / args.matrix)
     cache = sources.cache_dir(args.cache_dir)
     validate.check_out(out_dir, specs or [], cache)
-    with rundir.claim(out_dir):
+    megatron = megatron_for_run(args.megatron, selections, out_dir, cache, args.offline)
+    with rundir.claim(out_dir), megatron_env(megatron):
         progress = Progress()  # each target's line appears once the runner has planned it
         started = time.time()
         try:
@@ -84,6 +117,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             run["perf"] = run_bench(args.matrix, args.only, bench_specs, parse_modes(None), rounds=3,
                                     min_run_time=0.05, out_dir=out_dir, cache=cache, offline=args.offline,
                                     progress=_progress)
+        if megatron is not None:
+            run["environment"]["megatron"] = {"spec": megatron.spec, "version": megatron.version,
+                                              "source": megatron.source}
         run.setdefault("started_at", datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"))
         run.setdefault("elapsed_s", round(time.time() - started, 1))
         run["summary"] = summarize(run)
@@ -190,6 +226,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="with --from-run: the results that made it FAIL (other_failure, regression, unexpected_pass,"
                         " harness_error) and those it never wrote")
     p.add_argument("--case", action="append", metavar="ID", help="run this case id (repeatable)")
+    p.add_argument("--megatron", metavar="VERSION|path:DIR",
+                   help=f"the megatron-core the Megatron cases import: a release (default {DEFAULT_VERSION}, fetched "
+                   "into the cache) or path:<dir holding megatron/core>")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("list", parents=[selection], help="count cases per axis value without running")

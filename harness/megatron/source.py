@@ -27,6 +27,7 @@ MARKER = Path("megatron/core/extensions/transformer_engine.py")  # the file the 
 # The tags of the wheels 0.17+ publish; the Python code is the same for every tag.
 WHEEL_TAGS = ("--python-version", "3.12", "--implementation", "cp", "--abi", "cp312",
               "--platform", "manylinux_2_28_x86_64")
+VERSION = r"\d+\.\d+\.\d+(?:(?:rc|\.post|\.dev)\d+)?"
 SPEC_FORMS = "a megatron-core version (e.g. 0.19.0) or path:<dir holding megatron/core>"
 
 
@@ -109,17 +110,22 @@ def _checkout_version(root: Path) -> str:
     return f"{parts['MAJOR']}.{parts['MINOR']}.{parts['PATCH']}{parts.get('PRE_RELEASE', '')}"
 
 
+def check_megatron_spec(spec: str) -> None:
+    """The spec's form, without fetching anything; UsageError (one line) when it has none."""
+    if not (spec.startswith("path:") and len(spec) > 5) and not re.fullmatch(VERSION, spec):
+        raise UsageError(f"unknown Megatron spec {spec!r}; valid: {SPEC_FORMS}")
+
+
 def prepare_megatron(spec: str, cache: Path, offline: bool = False) -> PreparedMegatron:
     """Fetch and unpack (or check) a Megatron source. Raises UsageError for bad input."""
-    if spec.startswith("path:") and len(spec) > 5:
+    check_megatron_spec(spec)
+    if spec.startswith("path:"):
         root = Path(spec[5:]).expanduser().resolve()
         if (root / "core").is_dir() and root.name == "megatron":
             root = root.parent
         if not (root / MARKER).is_file():
             raise UsageError(f"{spec} is not a Megatron checkout: it has no {MARKER}; valid: {SPEC_FORMS}")
         return PreparedMegatron(spec, _checkout_version(root), str(root), str(root))
-    if not re.fullmatch(r"\d+\.\d+\.\d+(?:(?:rc|\.post|\.dev)\d+)?", spec):
-        raise UsageError(f"unknown Megatron spec {spec!r}; valid: {SPEC_FORMS}")
     wheel = _fetch_wheel(spec, cache, offline)
     root = _unpack(wheel, cache, f"megatron-core-{spec}")
     return PreparedMegatron(spec, _wheel_version(root), wheel.name, str(root))
