@@ -146,12 +146,13 @@ def _frame_tables(run: dict[str, Any]) -> list[str]:
         return []
     lines = ["## The bug report's frames in Megatron's traceback",
              ("Each frame of the report's traceback (file and function, in its order) and where the observed"
-              " traceback of a reproduced `megatron_block` case has it: `MISSING` when absent, `NO` when it comes"
-              " out of the report's order. The report's TE lines are the NPU fork's."), ""]
+              " traceback of a reproduced `megatron_block` case under full recompute (the report's setting) has"
+              " it: `MISSING` when absent, `NO` when it comes out of the report's order. The report's TE lines are"
+              " the NPU fork's."), ""]
     for found in tables:
         lines += [(f"{code(found['target'], False)}, case {code(found['case_id'], False)}"
-                   f" ({found['all_frames_in_order']} of {found['cases']} reproduced megatron_block cases have every"
-                   " frame in order):"), ""]
+                   f" ({found['all_frames_in_order']} of {found['cases']} reproduced megatron_block cases under full"
+                   " recompute have every frame in order):"), ""]
         rows = [[code(r["expected_file"]), code(r["expected_function"]), str(r["report_line"] or "-"),
                  code(r["observed"]) if r["observed"] else "**MISSING**", "yes" if r["in_order"] else "**NO**"]
                 for r in found["rows"]]

@@ -277,17 +277,23 @@ def row_label(record: dict[str, Any]) -> str:
     return record["pipeline"] if client == "ops" else client
 
 
+def _report_scenario_first(record: dict[str, Any]) -> tuple[bool, bool, str]:
+    return record["recompute"] != "full_block", record["input"] != "non_leaf", record["case_id"]
+
+
 def frame_tables(run: dict[str, Any]) -> list[dict[str, Any]]:
     """Per target, the bug report's traceback frames against the observed traceback of one
-    reproduced megatron_block case (the first by case id), from the stored `frame_table`, and
-    how many of that target's reproduced megatron_block cases have every frame in order."""
+    reproduced megatron_block case under full recompute (the report's setting), from the stored
+    `frame_table`, and how many such cases of that target have every frame in order. The example
+    is the report's own scenario where the run has it (method block, a non-leaf input)."""
     found: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in run["results"]:
-        if record.get("client") == "megatron_block" and record.get("frame_table") and record["verdict"] == "reproduced":
+        if (record.get("client") == "megatron_block" and record.get("recompute") != "none"
+                and record.get("frame_table") and record["verdict"] == "reproduced"):
             found[record["target"]].append(record)
     tables = []
     for spec in target_specs(run):
-        if records := sorted(found.get(spec, []), key=lambda r: r["case_id"]):
+        if records := sorted(found.get(spec, []), key=_report_scenario_first):
             complete = sum(all(row["observed"] and row["in_order"] for row in r["frame_table"]) for r in records)
             tables.append({"target": spec, "case_id": records[0]["case_id"], "rows": records[0]["frame_table"],
                            "cases": len(records), "all_frames_in_order": complete})
