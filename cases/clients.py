@@ -52,7 +52,7 @@ def needs_megatron(case: Case) -> bool:
 
 
 def client_exclusion(case: Case) -> str | None:
-    """Why a client cannot run this combination, or None."""
+    """Why a client cannot build this combination at all (its recompute, its pipeline), or None."""
     client = CLIENTS[case.client]
     if case.recompute not in client.recomputes:
         if case.recompute in BLOCK_RECOMPUTES:
@@ -62,6 +62,12 @@ def client_exclusion(case: Case) -> str | None:
     if client.pipeline is not None and case.pipeline != client.pipeline:
         return (f"{case.client} builds its own TE pipeline (TEFusedResidualRMSNorm = MakeExtraOutput, RMSNorm), "
                 f"named by pipeline {client.pipeline}")
+    return None
+
+
+def client_call_exclusion(case: Case) -> str | None:
+    """Why a client's call makes no sense for these inputs, or None; asked after the exclusions
+    common to every client (cases/matrix.py), so those keep their own counts."""
     if case.client == "megatron_block" and case.recompute in BLOCK_RECOMPUTES and case.input in ("leaf", "detached"):
         # Megatron's CheckpointFunction is reentrant: its output requires grad only when an input does.
         return ("full recompute (a reentrant CheckpointFunction) gives hidden states that do not require grad an "

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from cases.axes import AXES
 from cases.case import Case
-from cases.clients import client_exclusion
+from cases.clients import client_call_exclusion, client_exclusion
 from cases.pipelines import PIPELINES
 from cases.regression import Regression
 from cases.regressions import REGRESSIONS
@@ -41,7 +41,7 @@ def common_exclusion(case: Case) -> str | None:
         return f"{case.pipeline} has no parameters to freeze"
     if case.grad_form == "expanded" and case.grad_mode in ("no_grad", "inference_mode"):
         return "no backward runs under no_grad or inference_mode, so there is no upstream gradient form"
-    return None
+    return client_call_exclusion(case)
 
 
 @dataclass(frozen=True)
