@@ -19,6 +19,7 @@ import torch
 
 from cases.case import Case
 from cases.pipelines import HIDDEN, PIPELINES
+from harness.errors import UsageError
 
 GRAD_MODES = {"enabled": "torch.enable_grad()", "no_grad": "torch.no_grad()",
               "inference_mode": "torch.inference_mode()",
@@ -96,6 +97,9 @@ def _plain_modules(case: Case) -> list[str]:
 
 
 def render_standalone(case: Case, case_id: str, target: str) -> str:
+    if case.client != "ops":  # Megatron's modules are not a te.ops pipeline this script could write out
+        raise UsageError(f"--standalone writes a te.ops pipeline; {case.client} runs Megatron's own modules: use "
+                         f"--script without --standalone, or repro minimal --client {case.client}")
     info = PIPELINES[case.pipeline]
     grad_form = getattr(case, "grad_form", "dense")
     wants_grad = case.input in ("leaf_requires_grad", "non_leaf", "view")
