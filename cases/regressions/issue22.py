@@ -43,7 +43,6 @@ from harness.megatron.frames import REPORT_FRAMES
 NO_GRAD_RECOMPUTES = ("checkpoint_reentrant", "megatron", *BLOCK_RECOMPUTES)
 # The report's traceback, as "file:function" (harness/megatron/frames.py holds it with its lines).
 REPORT_PATH = tuple(f"{file}:{function}" for file, function, _line in REPORT_FRAMES)
-CHECKPOINT_FRAME = REPORT_PATH[0]  # tensor_parallel/random.py CheckpointFunction.forward
 TE_NORM_PATH = REPORT_PATH[2:]  # extensions/transformer_engine.py forward -> sequential -> fuser
 
 
