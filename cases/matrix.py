@@ -114,3 +114,24 @@ def generate(matrix: str, only: list[str] | None = None, max_cases: int = MAX_CA
         raise UsageError(f"the selection of matrix {matrix} with --only {' '.join(only or [])} holds no valid case; "
                          "see `repro list --matrix " + matrix + "` for the values it has")
     return selections
+
+
+def selections_of(case_ids: list[str]) -> list[Selection]:
+    """Named case ids (a re-run) as selections, one per regression; an id that is not a
+    valid case of a known regression is refused with the reason."""
+    by_regression: dict[str, list[Case]] = {}
+    for case_id in dict.fromkeys(case_ids):
+        try:
+            case = Case.from_id(case_id)
+        except ValueError:
+            raise UsageError(f"{case_id!r} is not a case id; expected REGRESSION:" + "-".join(AXES)) from None
+        if case.regression not in REGRESSIONS:
+            raise UsageError(f"case {case_id}: unknown regression {case.regression!r}; valid: {', '.join(REGRESSIONS)}")
+        for axis, value in case.axes().items():
+            if value not in AXES[axis]:
+                raise UsageError(f"case {case_id}: {axis}={value} is not a value of that axis; "
+                                 f"valid: {', '.join(AXES[axis])}")
+        if reason := common_exclusion(case) or REGRESSIONS[case.regression].exclude(case):
+            raise UsageError(f"case {case_id} is not a valid case: {reason}")
+        by_regression.setdefault(case.regression, []).append(case)
+    return [Selection(REGRESSIONS[rid], cases, Counter()) for rid, cases in by_regression.items()]

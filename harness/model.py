@@ -132,6 +132,11 @@ class Run(BaseModel):
     excluded: dict[str, dict[str, int]] = {}  # regression -> reason -> count of combinations not generated
     headlines: dict[str, list[str]] = {}
     results: list[CaseResult]
+    not_run: list[dict[str, str]] = []  # {target, case_id, reason} for each selected case without a record
+    started_at: str | None = None
+    elapsed_s: float | None = None
+    summary: dict[str, Any] | None = None  # repro.reports.summarize: status, fail reasons, counts
+    perf: dict[str, Any] | None = None  # `repro run --perf`
 
 
 def json_schema() -> dict[str, Any]:

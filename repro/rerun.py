@@ -56,7 +56,8 @@ def select_from_run(run: dict[str, Any], verdicts: Collection[str] = LAST_FAILED
               if r["verdict"] in verdicts and (wanted is None or r["case_id"] in wanted)]
     if "missing" in verdicts:
         picked += [Selection(_regression(m["case_id"]), m["case_id"], m["target"])
-                   for m in run.get("missing_results") or [] if wanted is None or m["case_id"] in wanted]
+                   for m in [*(run.get("missing_results") or []), *(run.get("not_run") or [])]
+                   if wanted is None or m["case_id"] in wanted]
     return list(dict.fromkeys(picked))
 
 

@@ -18,7 +18,7 @@ from tabulate import tabulate
 
 from cases.axes import AXES
 from cases.clients import needs_megatron
-from cases.matrix import MAX_CASES_DEFAULT, generate, matrix_names
+from cases.matrix import MAX_CASES_DEFAULT, generate, matrix_names, selections_of
 from cases.regressions import REGRESSIONS
 from harness import targets
 from harness.errors import UsageError
@@ -29,7 +29,7 @@ from harness.runner import rundir
 from harness.runner.completeness import incomplete_reason
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
-from repro import validate
+from repro import rerun, validate
 from repro.progress import Progress, print_status_line
 from repro.reports import load_run, summarize, write_all_formats
 
@@ -38,10 +38,8 @@ def _progress(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def rerun_selection(args: argparse.Namespace) -> list | None:
+def rerun_selection(args: argparse.Namespace) -> list[rerun.Selection] | None:
     """The results --from-run/--verdict/--last-failed/--case ask for; None when none of them is given."""
-    from repro import rerun
-
     if (args.verdict or args.last_failed) and not args.from_run:
         raise UsageError("--verdict and --last-failed need --from-run DIR (the run to pick results from)")
     if args.verdict and args.last_failed:
@@ -81,29 +79,35 @@ def megatron_env(megatron: PreparedMegatron | None) -> Iterator[None]:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if (selection := rerun_selection(args)) is not None:
-        if not selection:
-            print("repro: nothing to re-run: no result matches", file=sys.stderr)
-            return 0
-        # The selection is computed and checked; turning it into cases is the case model's job (issue 9).
-        raise UsageError(f"{len(selection)} results selected, but re-running a selection is not wired into case"
-                         " generation yet; use --only to narrow the matrix meanwhile")
     # Every option is checked before anything is written (the cache included).
     specs = validate.target_specs(args.targets, args.target, None)  # None: each regression's own defaults
     validate.check_fork_config(args.fork_config, specs or [])
     validate.check_only(args.only)
-    selections = generate(args.matrix, args.only, args.max_cases)
-    out_dir = Path(args.out or Path("runs") / args.matrix)
+    matrix, selections, pairs = args.matrix, None, None
+    if (picked := rerun_selection(args)) is not None:
+        if not picked:
+            print("repro: nothing to re-run: no result matches", file=sys.stderr)
+            return 0
+        if args.only:
+            raise UsageError("--only narrows a matrix; a re-run names its cases (--from-run, --case): drop --only")
+        matrix, selections = "rerun", selections_of([p.case_id for p in picked])
+        planned = selections
+        pairs = {(p.target, p.case_id) for p in picked}
+        if specs is None and all(p.target for p in picked):  # the stored results' own targets
+            specs = list(dict.fromkeys(p.target for p in picked if p.target))
+    else:
+        planned = generate(args.matrix, args.only, args.max_cases)
+    out_dir = Path(args.out or Path("runs") / matrix)
     cache = sources.cache_dir(args.cache_dir)
     validate.check_out(out_dir, specs or [], cache)
-    megatron = megatron_for_run(args.megatron, selections, out_dir, cache, args.offline)
+    megatron = megatron_for_run(args.megatron, planned, out_dir, cache, args.offline)
     with rundir.claim(out_dir), megatron_env(megatron):
         progress = Progress()  # each target's line appears once the runner has planned it
         started = time.time()
         try:
-            run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline,
+            run = run_matrix(matrix, args.only, specs, out_dir, args.workers, cache, args.offline,
                              args.max_cases, progress=progress, case_timeout=args.case_timeout,
-                             fork_config=args.fork_config)
+                             fork_config=args.fork_config, selections=selections, pairs=pairs)
         except (Interrupted, KeyboardInterrupt):
             progress.close()
             print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}; "

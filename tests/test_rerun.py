@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from repro import rerun
 from repro.cli import main
+from tests.conftest import repro
 from tests.test_reports import CRASH_CASE, FIXTURE, with_regression
 
 
@@ -46,6 +48,10 @@ def test_selection_reads_only_the_stored_verdicts(run: dict[str, Any]) -> None:
     (["run", "--from-run", str(FIXTURE), "--verdict", "fixed", "--last-failed"], "not both"),
     (["run", "--case", "no spaces allowed"], "bad case id 'no spaces allowed' for --case"),
     (["run", "--from-run", "/nonexistent/run", "--last-failed"], "is neither a run dir nor a run.json"),
+    (["run", "--case", CRASH_CASE.replace("-none-", "-megatron-")], "is not a valid case: recompute wrappers run"),
+    (["run", "--case", CRASH_CASE.replace("float32", "float64")], "dtype=float64 is not a value of that axis"),
+    (["run", "--case", "issue99:" + CRASH_CASE.partition(":")[2]], "unknown regression 'issue99'"),
+    (["run", "--case", CRASH_CASE, "--only", "dtype=float32"], "drop --only"),
 ])
 def test_bad_rerun_flags_are_one_line_exit_2(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
@@ -56,3 +62,14 @@ def test_bad_rerun_flags_are_one_line_exit_2(argv: list[str], message: str, caps
 def test_nothing_to_rerun_exits_0(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["run", "--from-run", str(FIXTURE), "--last-failed"]) == 0
     assert "nothing to re-run" in capsys.readouterr().err
+
+
+def test_rerun_runs_exactly_the_selected_results(tmp_path: Path) -> None:
+    """The four stored `reproduced` results run again, on their own target only, and reproduce."""
+    result = repro("run", "--from-run", str(FIXTURE), "--verdict", "reproduced", "--out", str(tmp_path), "-n", "1")
+    assert result.returncode == 0, result.stderr
+    again = json.loads((tmp_path / "run.json").read_text())
+    stored = {(r["target"], r["case_id"]) for r in json.loads((FIXTURE / "run.json").read_text())["results"]
+              if r["verdict"] == "reproduced"}
+    assert {(r["target"], r["case_id"]) for r in again["results"]} == stored
+    assert {r["verdict"] for r in again["results"]} == {"reproduced"} and again["matrix"] == "rerun"

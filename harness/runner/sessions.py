@@ -210,9 +210,13 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
                offline: bool = False, max_cases: int | None = None,
                progress: Callable[[str], None] = print, case_timeout: float = CASE_TIMEOUT_S,
                role_override: Role | None = None, preset: str = "default",
-               fork_config: str | None = None) -> dict[str, Any]:
-    """Run a matrix; `role_override` judges every target with one role (the sweep's unknown)."""
-    selections = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}), preset=preset)
+               fork_config: str | None = None, selections: list[Selection] | None = None,
+               pairs: set[tuple[str | None, str]] | None = None) -> dict[str, Any]:
+    """Run a matrix; `role_override` judges every target with one role (the sweep's unknown).
+    A re-run passes its `selections` instead, and `pairs` (target or None for every target,
+    case id) keeps only the results it asks for."""
+    if selections is None:
+        selections = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}), preset=preset)
     by_target = plan_targets(selections, specs)
     check_out_dir(out_dir)
     prepared = {spec: targets.prepare(spec, cache, offline, fork_config) for spec in by_target}
@@ -233,7 +237,10 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
                 excluded[selection.regression.id][key] = excluded[selection.regression.id].get(key, 0) + 1
             else:
                 runnable[selection.regression.id].append(case)
-    plan = [(prepared[spec], [c for s in chosen for c in runnable[s.regression.id]],
+    def wanted(spec: str, case: Case) -> bool:
+        return pairs is None or (spec, case.case_id) in pairs or (None, case.case_id) in pairs
+
+    plan = [(prepared[spec], [c for s in chosen for c in runnable[s.regression.id] if wanted(spec, c)],
              {rid: role.value for rid, (role, _) in roles[spec].items()}) for spec, chosen in by_target.items()]
     rundir.remove_stale(out_dir)
     jsonl = out_dir / "results.jsonl"
