@@ -277,19 +277,21 @@ def row_label(record: dict[str, Any]) -> str:
     return record["pipeline"] if client == "ops" else client
 
 
-def _report_scenario_first(record: dict[str, Any]) -> tuple[bool, bool, str]:
-    return record["recompute"] != "full_block", record["input"] != "non_leaf", record["case_id"]
+def _report_scenario_first(record: dict[str, Any]) -> tuple[bool | str, ...]:
+    return (record["recompute"] != "full_block", record["input"] != "non_leaf", record.get("params") != "trainable",
+            record.get("dtype") != "float32", record["case_id"])
 
 
 def frame_tables(run: dict[str, Any]) -> list[dict[str, Any]]:
     """Per target, the bug report's traceback frames against the observed traceback of one
-    reproduced megatron_block case under full recompute (the report's setting), from the stored
-    `frame_table`, and how many such cases of that target have every frame in order. The example
-    is the report's own scenario where the run has it (method block, a non-leaf input)."""
+    reproduced megatron_block case under full recompute (the report's setting) that raised the
+    report's error (`report_error`), from the stored `frame_table`, and how many such cases of that
+    target have every frame in order. The example is the report's own scenario where the run has
+    it (method block, a non-leaf input)."""
     found: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for record in run["results"]:
         if (record.get("client") == "megatron_block" and record.get("recompute") != "none"
-                and record.get("frame_table") and record["verdict"] == "reproduced"):
+                and record.get("frame_table") and record.get("report_error") and record["verdict"] == "reproduced"):
             found[record["target"]].append(record)
     tables = []
     for spec in target_specs(run):
@@ -356,7 +358,9 @@ def needs_attention(run: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def show_command(case_id: str, target: str) -> str:
-    return shlex.join(["repro", "show", case_id, "--target", target, "--script", "--standalone"])
+    # A Megatron client case runs Megatron's own modules: the harness's script, not a standalone te.ops one.
+    standalone = [] if case_id.partition(":")[2].startswith("megatron_") else ["--standalone"]
+    return shlex.join(["repro", "show", case_id, "--target", target, "--script", *standalone])
 
 
 # ---- formats ----

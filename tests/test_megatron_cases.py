@@ -108,7 +108,7 @@ def test_frame_table_shows_a_missing_frame() -> None:
     lines = REPORT.read_text().splitlines()
     without_layer = "\n".join(line for line in lines if "_forward_attention" not in line)
     record = {"case_id": REPORT_CASE, "target": "te-2.13.0", "client": "megatron_block", "recompute": "full_block",
-              "input": "non_leaf", "verdict": "reproduced",
+              "input": "non_leaf", "verdict": "reproduced", "report_error": True,
               "frame_table": [row.as_dict() for row in frames.frame_table(without_layer)]}
     run = {"results": [record], "environment": {"targets": [{"spec": "te-2.13.0"}]}}
     text = "\n".join(render_md._frame_tables(run))

@@ -20,9 +20,11 @@ from harness.targets.loader import LoadedTarget
 
 def describe_error(exc: BaseException) -> dict[str, Any]:
     """What the reports' frame table needs, stored in the record: the observed frames (file,
-    line, function) and, for each frame of the bug report's traceback, where they have it."""
+    line, function), for each frame of the bug report's traceback where they have it, and whether
+    the error is the report's own (its type and message)."""
     return {"frames": [{"file": f.file, "line": f.line, "function": f.function} for f in frames.frames_of(exc)],
-            "frame_table": [row.as_dict() for row in frames.frame_table(exc)]}
+            "frame_table": [row.as_dict() for row in frames.frame_table(exc)],
+            "report_error": type(exc).__name__ == frames.REPORT_ERROR[0] and frames.REPORT_ERROR[1] in str(exc)}
 
 
 def megatron_subject(case: Case, target: LoadedTarget, seed: int) -> Subject:

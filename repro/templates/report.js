@@ -294,8 +294,12 @@
     }
     const rep = sec.appendChild(el("details", "script"));
     rep.appendChild(el("summary", null, "reproduce"));
-    rep.appendChild(el("pre", "script-text", "repro show " + c.id + " --target " + target + " --script --standalone > case.py\n"
-      + "repro exec --target " + target + " -- python case.py"));
+    // A Megatron client case runs Megatron's own modules: the harness's script, not a standalone te.ops one.
+    const megatron = c.id.indexOf(":megatron_") >= 0;
+    rep.appendChild(el("pre", "script-text", megatron
+      ? "repro show " + c.id + " --target " + target + " --script > case.py\npython case.py"
+      : "repro show " + c.id + " --target " + target + " --script --standalone > case.py\n"
+        + "repro exec --target " + target + " -- python case.py"));
     return sec;
   }
 
