@@ -152,7 +152,7 @@ def _frame_tables(run: dict[str, Any]) -> list[str]:
     for found in tables:
         lines += [(f"{code(found['target'], False)}, case {code(found['case_id'], False)}"
                    f" ({found['all_frames_in_order']} of {found['cases']} reproduced megatron_block cases under full"
-                   " recompute have every frame in order):"), ""]
+                   " recompute with the report's error have every frame in order):"), ""]
         rows = [[code(r["expected_file"]), code(r["expected_function"]), str(r["report_line"] or "-"),
                  code(r["observed"]) if r["observed"] else "**MISSING**", "yes" if r["in_order"] else "**NO**"]
                 for r in found["rows"]]

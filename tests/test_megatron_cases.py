@@ -113,7 +113,8 @@ def test_frame_table_shows_a_missing_frame() -> None:
     run = {"results": [record], "environment": {"targets": [{"spec": "te-2.13.0"}]}}
     text = "\n".join(render_md._frame_tables(run))
     assert "| `megatron/core/transformer/transformer_layer.py` | `_forward_attention` | 626 | **MISSING** |" in text
-    assert "(0 of 1 reproduced megatron_block cases under full recompute have every frame in order)" in text
+    assert ("(0 of 1 reproduced megatron_block cases under full recompute with the report's error have every frame"
+            " in order)") in text
 
 
 @pytest.fixture(scope="module")
