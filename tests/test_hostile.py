@@ -125,7 +125,8 @@ def test_out_inside_a_source_or_the_cache_is_refused(fork: Path, cache: Path) ->
 
 def test_show_commands_are_shell_quoted() -> None:
     command = show_command("issue22:ops-rmsnorm-enabled-leaf-trainable-none-single-dense-float32-cpu", "path:/my fork/te;rm -rf x")
-    assert shlex.split(command)[-2] == "path:/my fork/te;rm -rf x"
+    words = shlex.split(command)
+    assert words[words.index("--target") + 1] == "path:/my fork/te;rm -rf x"
 
 
 # ---- target specs of forks: '+' and ',' in paths ----
@@ -266,9 +267,9 @@ def test_second_run_refused_stale_reports_removed_and_sigkill_ends_every_process
                              stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
-        while time.time() < deadline and not (out / "results.jsonl").is_file():
+        while time.time() < deadline and not (out / "run-meta.json").is_file():  # written before any session
             time.sleep(0.2)
-        assert (out / "results.jsonl").is_file()
+        assert (out / "run-meta.json").is_file()
         assert not any((out / stale).exists() for stale in ("report.md", "report.html", "junit.xml", "run.json"))
         while time.time() < deadline and len(_descendants(first.pid)) < 2:  # session controller and its worker
             time.sleep(0.2)
@@ -352,7 +353,7 @@ def test_bad_results_lines_are_reported_not_fatal(partial_run: Path) -> None:
 
 
 def test_run_json_without_results_is_refused(partial_run: Path) -> None:
-    (partial_run / "run.json").write_text(json.dumps({"schema": "repro.run/1", "environment": {"targets": []}}))
+    (partial_run / "run.json").write_text(json.dumps({"schema": "repro.run/2", "environment": {"targets": []}}))
     assert_refused(cli("report", str(partial_run)), "has no results list")
 
 

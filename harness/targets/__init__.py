@@ -130,9 +130,13 @@ def _installed_root() -> Path:
 
 
 def check_available(specs: list[str]) -> None:
-    """Refuse, before any work, a spec that cannot be had on this machine (installed TE)."""
-    if any(parse_spec(spec).kind == "installed" for spec in specs):
-        _installed_root()
+    """Refuse, before any work, a spec that cannot be had on this machine (installed TE, a
+    path: that is not a TE source tree)."""
+    for spec in map(parse_spec, specs):
+        if spec.kind == "installed":
+            _installed_root()
+        elif spec.kind == "path":
+            sources.check_source_tree(Path(spec.value).expanduser())
 
 
 def source_roots(specs: list[str]) -> list[Path]:

@@ -5,8 +5,8 @@ exec_boot/, whose sitecustomize.py calls `activate` at interpreter start-up: the
 loaded through the same loader as a run (the CPU backend, or the native install), and on the
 CPU backend `te.ops` is filled from the loaded target, so `import transformer_engine.pytorch
 as te; te.ops.Sequential(...)` works as it does with an installed TE. TE's own classes are
-used where the target ships them and they run on the CPU backend (RMSNorm and LayerNorm on
-kernel stand-ins from 2.13 on); the CPU backend's ops (BasicLinear, ...) otherwise.
+used where the target ships them (RMSNorm and LayerNorm from 2.13 on, on kernel stand-ins); the
+CPU backend's ops (BasicLinear, ...) otherwise.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ def activate() -> None:
     try:
         loaded = load(prepared)
         if os.environ.get(MEGATRON_ENV):
-            # After the target: Megatron decides at import whether TE (and TEFusedResidualRMSNorm)
-            # is there; its RNG bookkeeping is pointed at the CPU generator on a CPU-only host.
+            # After the target: Megatron probes TE at import and must find this one; its RNG
+            # bookkeeping is pointed at the CPU generator on a CPU-only host.
             from harness.engine.execute import import_megatron
 
             import_megatron("cpu")
