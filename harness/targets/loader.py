@@ -269,14 +269,14 @@ def _load_te_norm_ops(spec: str, te_dir: Path) -> tuple[dict[str, Any], dict[str
     fallbacks: dict[str, str] = {}
     for name, (op_file, module_file, _kernels) in TE_NORM_OPS.items():
         try:
-            own[name] = getattr(_import(spec, f"transformer_engine.pytorch.ops.basic.{op_file}"), name)
+            own[name] = getattr(_import(spec, f"transformer_engine.pytorch.ops.basic.{op_file}", te_dir), name)
         except TargetLoadError as exc:
             fallbacks[name] = str(exc).removeprefix(f"target {spec}: ")
             continue
         setattr(sys.modules["transformer_engine.pytorch.ops"], name, own[name])
         if (te_dir / "pytorch/module" / f"{module_file}.py").is_file():
             try:
-                modules[name] = getattr(_import(spec, f"transformer_engine.pytorch.module.{module_file}"), name)
+                modules[name] = getattr(_import(spec, f"transformer_engine.pytorch.module.{module_file}", te_dir), name)
             except TargetLoadError as exc:
                 fallbacks[f"te.pytorch.{name}"] = str(exc).removeprefix(f"target {spec}: ")
     utils = sys.modules.get("transformer_engine.pytorch.utils")
