@@ -19,7 +19,7 @@ from cases.regressions import REGRESSIONS
 from harness import targets
 from harness.errors import UsageError
 from harness.model import json_schema
-from harness.runner import rundir
+from harness.runner import hosts, rundir
 from harness.runner.completeness import incomplete_reason
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
@@ -60,6 +60,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     specs = validate.target_specs(args.targets, args.target, None)  # None: each regression's own defaults
     validate.check_fork_config(args.fork_config, specs or [])
     validate.check_only(args.only)
+    tx, rsyncdirs = hosts.check_tx(args.tx), hosts.check_rsyncdirs(args.rsyncdir)
     generate(args.matrix, args.only, args.max_cases)
     out_dir = Path(args.out or Path("runs") / args.matrix)
     cache = sources.cache_dir(args.cache_dir)
@@ -70,7 +71,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline,
                              args.max_cases, progress=progress, case_timeout=args.case_timeout,
-                             fork_config=args.fork_config)
+                             fork_config=args.fork_config, tx=tx, rsyncdirs=rsyncdirs)
         except (Interrupted, KeyboardInterrupt):
             progress.close()
             print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}; "
@@ -181,6 +182,12 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    "the cache")
     p.add_argument("-n", "--workers", type=validate.positive_int, default=min(2, os.cpu_count() or 1),
                    help="xdist workers per target (1 or more)")
+    p.add_argument("--tx", action="append", metavar="SPEC",
+                   help="pytest-xdist worker spec for each target's session, instead of -n local workers; repeatable "
+                   "(e.g. 2*popen, ssh=HOST//python=PY); see the README's 'Several hosts'")
+    p.add_argument("--rsyncdir", action="append", metavar="DIR",
+                   help="with a remote --tx: one more directory for xdist to copy to the workers (the harness and "
+                   "the session's case file are copied already); repeatable")
     p.add_argument("--perf", action="store_true", help="also benchmark the matrix (as repro bench) into the reports")
     p.add_argument("--case-timeout", type=validate.positive_float, default=CASE_TIMEOUT_S,
                    help="seconds (above 0) before a case is recorded as hung")

@@ -24,6 +24,7 @@ import fcntl
 import json
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -131,7 +132,7 @@ def _worker_setup(config: pytest.Config) -> None:
     except TargetLoadError as exc:
         _state["target"], description = exc, f"load error: {exc}"
     _state["startup"] = {"torch_import_s": torch_s, "target_load_s": time.perf_counter() - loading,
-                         "megatron_import_s": None, "pid": os.getpid()}
+                         "megatron_import_s": None, "pid": os.getpid(), "host": socket.gethostname(), "cwd": os.getcwd()}
     _state["description"] = description
     _state["spec"] = json.loads(config.getoption("--repro-target"))["spec"]
     _state["roles"] = json.loads(config.getoption("--repro-roles"))

@@ -143,7 +143,10 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
     # worker for each (xdist's default of 5 restarts left the rest of its cases unrun).
     command += [f"--max-worker-restart={len(cases) + 1}"]
     if tx:
-        command += ["--dist", "load", *(f"--tx={spec}" for spec in tx)]
+        # A remote worker does not inherit this environment: it gets the variables that matter here.
+        remote_env = "".join(f"//env:{name}=1" for name in ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTHONDONTWRITEBYTECODE"))
+        specs = [spec + remote_env if _remote([spec]) else spec for spec in tx]
+        command += ["--dist", "load", *(f"--tx={spec}" for spec in specs)]
         if _remote(tx):
             # A worker on another host gets the session's case file and the harness by
             # xdist's rsync; its records come back over xdist's channel (see the plugin).
