@@ -104,3 +104,13 @@ def test_ssh_workers_on_the_loopback(tmp_path: Path, loopback_ssh: Path) -> None
     assert workers and all(w["cwd"] == str(remote_dir) for w in workers)
     assert (remote_dir / "harness" / "runner" / "plugin.py").is_file()
     assert (remote_dir / "sessions" / "te-2.20.2.cases.json").is_file()
+
+
+@pytest.mark.parametrize("args", [["--tx", "0*popen"], ["--tx", "ssh"], ["--tx", "telnet=host"],
+                                  ["--rsyncdir", "/no/such/dir"]])
+def test_bad_specs_are_one_line_and_exit_2(tmp_path: Path, args: list[str]) -> None:
+    out = tmp_path / "out"
+    result = _run(out, *args)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "valid" in result.stderr or "no such directory" in result.stderr
+    assert not out.exists()

@@ -286,6 +286,7 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
              {rid: role.value for rid, (role, _) in roles[spec].items()}) for spec, chosen in by_target.items()]
     rundir.remove_stale(out_dir)
     jsonl = out_dir / "results.jsonl"
+    jsonl.touch()  # there from the start, even while the first case of every session is still running
     # Written first, so a run that dies can still say which results it is missing.
     expected_keys = [[target.spec, case.case_id] for target, cases, _ in plan for case in cases]
     rundir.write_atomic(out_dir / "run-meta.json", json.dumps({
