@@ -112,5 +112,6 @@ def test_bad_specs_are_one_line_and_exit_2(tmp_path: Path, args: list[str]) -> N
     out = tmp_path / "out"
     result = _run(out, *args)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and "valid" in result.stderr or "no such directory" in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and ("valid:" in lines[0] or "no such directory" in lines[0])
     assert not out.exists()
