@@ -169,12 +169,14 @@ def _role(roles: dict[str, str], regression: str) -> Any:
 class CaseFile(pytest.File):
     def collect(self):  # type: ignore[no-untyped-def]
         cases = json.loads(self.path.read_text())["cases"]
-        # Megatron's cases last, in chunks of their own: only the workers that run them import it.
-        cases.sort(key=lambda fields: fields["recompute"] == "megatron")
         size = max(1, self.config.getoption("--repro-chunk"))
-        for start in range(0, len(cases), size):
-            part = cases[start:start + size]
-            yield CaseChunk.from_parent(self, name=f"cases-{start}-{start + len(part) - 1}", cases=part)
+        # Megatron's cases last, in chunks of their own: only the workers that run them import it.
+        groups = {"cases": [c for c in cases if c["recompute"] != "megatron"],
+                  "megatron-cases": [c for c in cases if c["recompute"] == "megatron"]}
+        for label, group in groups.items():
+            for start in range(0, len(group), size):
+                part = group[start:start + size]
+                yield CaseChunk.from_parent(self, name=f"{label}-{start}-{start + len(part) - 1}", cases=part)
 
 
 class CaseChunk(pytest.Item):
@@ -223,9 +225,10 @@ class CaseChunk(pytest.Item):
                 return judge(case, spec, _state["target"], role, megatron_error)
         except CaseTimeout:
             return lost_case_record(case.case_id, spec, role, "per-case timeout", traceback.format_exc())
-        except MemoryError:
-            record = lost_case_record(case.case_id, spec, role, "out of memory", traceback.format_exc())
-            record["error"]["type"] = "MemoryError"
+        except (MemoryError, SystemExit) as exc:  # the case ends here, as a crash; the chunk goes on
+            why = "out of memory" if isinstance(exc, MemoryError) else f"the case raised SystemExit({exc.code!r})"
+            record = lost_case_record(case.case_id, spec, role, why, traceback.format_exc())
+            record["error"]["type"] = type(exc).__name__
             return record
         finally:
             _state["inflight"] = None
