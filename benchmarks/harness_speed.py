@@ -152,6 +152,7 @@ def main() -> int:
     figures["floor_with_startup_wall_s"] = (compute + startup) / parallel
     figures["wall_over_floor"] = run["wall_s"] / figures["floor_wall_s"]
     figures["wall_over_floor_with_startup"] = run["wall_s"] / figures["floor_with_startup_wall_s"]
+    figures["wall_over_in_run_compute"] = run["wall_s"] / (run["sum_case_duration_s"] / parallel)
 
     print(f"machine: {figures['cpus']} CPUs; load average (1 min) before {figures['load_average_before'][0]:.2f}, "
           f"after the run {figures['load_average_mid'][0]:.2f}, at the end {figures['load_average_after'][0]:.2f}")
@@ -164,6 +165,12 @@ def main() -> int:
           f"{figures['floor_wall_s']:.1f} s; with each process's start-up {figures['floor_with_startup_wall_s']:.1f} s")
     print(f"wall / floor: {figures['wall_over_floor']:.2f}; wall / (floor + start-up): "
           f"{figures['wall_over_floor_with_startup']:.2f}")
+    # The floor runs after the run, maybe under another load: the run's own per-case times
+    # show how much of the gap is the machine rather than the harness.
+    in_run = run["sum_case_duration_s"] / parallel
+    print(f"the run's own case durations over {parallel} workers: {in_run:.1f} s "
+          f"({run['sum_case_duration_s'] / max(1, compute):.2f}x the floor's compute); wall / that: "
+          f"{run['wall_s'] / in_run:.2f}")
     if "floor_default_threads" in figures:
         default = figures["floor_default_threads"]
         other = sum(f["compute_s"] for f in default)
