@@ -118,7 +118,9 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
                    tx: list[str] | None = None, rsyncdirs: list[str] | None = None) -> subprocess.Popen[bytes]:
     """One pytest session for one target; its cases spread over `workers` xdist workers,
     or over the workers of the given xdist `--tx` specs. `attempt` counts the follow-up
-    sessions of this target (its cases without a record after a worker died)."""
+    sessions of this target (its cases without a record after a worker died); they run
+    one case per item, so that a target crashing on many cases needs one follow-up, where
+    xdist gives each crash a fresh worker and moves on."""
     safe = session_name(prepared.spec)
     case_dir = out_dir / "sessions"
     case_dir.mkdir(exist_ok=True)
@@ -133,7 +135,7 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
                "-p", "xdist.plugin", "-p", "harness.runner.plugin", "-p", "harness.runner.lifetime",
                "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
-               f"--repro-case-timeout={case_timeout}", f"--repro-chunk={chunk_size(len(cases), n_workers)}",
+               f"--repro-case-timeout={case_timeout}", f"--repro-chunk={1 if attempt else chunk_size(len(cases), n_workers)}",
                f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", f"--repro-roles={json.dumps(roles)}",
                f"--repro-startup={case_dir / f'{safe}.startup.jsonl'}", str(case_file)]
