@@ -1,23 +1,24 @@
-"""How fast is the harness itself? Prints four figures:
+"""How close does `repro run` come to the compute it runs? From one run it prints:
 
-1. wall time of `repro run --matrix issue22` (a subprocess, into a temporary run dir),
-   and the cases per second it sustains;
-2. the harness's per-case overhead: `run_case` (build, reference, checks, backward)
-   against a bare call of the same pipeline, on a sample of cases, in this process;
-3. worker start-up: a run of one trivial case (pytest session, xdist worker, torch,
-   target load), through the CLI and through `run_matrix`, less the case itself;
-4. a bench worker's start-up (`harness.bench.worker`, torch + target load).
+1. the run: wall time of `repro run --matrix M` (a subprocess, into a temporary run dir,
+   as a user runs it) and the cases per second it sustains;
+2. the compute floor of the same cases, measured right after it: each target loaded in
+   a subprocess of its own (one target per process, as in the run), `run_case` timed for
+   exactly the cases that target ran; the floor is that compute spread over the run's
+   parallel workers, with and without each process's start-up;
+3. wall / floor, the harness's cost as a ratio;
+4. worker start-up, split into torch import, target load and Megatron import, as the
+   run's own workers measured it (sessions/*.startup.jsonl), next to the floor processes'.
 
-    python benchmarks/harness_speed.py [--target te-2.16.0] [--sample 60] [--skip-full-run] [--json PATH]
+    python benchmarks/harness_speed.py [--matrix issue22] [--targets A,B] [-n 2] [--threads-too] [--json PATH]
 
-The figures depend on the machine and on what else runs on it: the load average is
-printed with them.
+Figures depend on the machine and on what else runs on it: the load average is printed
+with them. Ratios, never a pass or fail on time.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -25,149 +26,159 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-ONE_CASE = ["--matrix", "smoke", "--only", "pipeline=rmsnorm", "--only", "grad_mode=enabled", "--only", "input=leaf",
-            "--only", "recompute=none"]
 
 
-def full_run(targets: str | None) -> dict[str, Any]:
-    """Figure 1: `repro run --matrix issue22` end to end, as a user runs it."""
-    with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
-        command = [sys.executable, "-m", "repro", "run", "--matrix", "issue22", "--out", tmp]
-        command += ["--targets", targets] if targets else []
-        started = time.perf_counter()
-        result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
-        wall = time.perf_counter() - started
-        run = json.loads((Path(tmp) / "run.json").read_text()) if (Path(tmp) / "run.json").is_file() else None
-    if run is None:
-        return {"error": f"repro run exited {result.returncode}: {result.stderr.strip()[-400:]}"}
-    executed = [r for r in run["results"] if r["outcome"] != "skipped"]
-    return {"wall_s": wall, "exit": result.returncode, "records": len(run["results"]), "executed": len(executed),
-            "executed_per_s": len(executed) / wall, "records_per_s": len(run["results"]) / wall,
-            "sum_case_duration_s": sum(r["duration_s"] for r in executed),
-            "targets": [t["spec"] for t in run["environment"]["targets"]]}
+def run_once(matrix: str, targets: str | None, workers: int, out: Path) -> dict[str, Any]:
+    """Figure 1: `repro run` end to end."""
+    command = [sys.executable, "-m", "repro", "run", "--matrix", matrix, "--out", str(out), "-n", str(workers)]
+    command += ["--targets", targets] if targets else []
+    started = time.perf_counter()
+    result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
+    wall = time.perf_counter() - started
+    if not (out / "run.json").is_file():
+        raise SystemExit(f"repro run exited {result.returncode}: {result.stderr.strip()[-400:]}")
+    run = json.loads((out / "run.json").read_text())
+    startups: dict[str, dict[str, Any]] = {}
+    for path in (out / "sessions").glob("*.startup.jsonl"):
+        for line in path.read_text().splitlines():  # the last line of each worker holds all its figures
+            entry = json.loads(line)
+            startups[f"{path.name.removesuffix('.startup.jsonl')}/{entry['pid']}"] = entry
+    return {"wall_s": wall, "exit": result.returncode, "cases": len(run["results"]),
+            "cases_per_s": len(run["results"]) / wall, "sum_case_duration_s": sum(r["duration_s"] for r in run["results"]),
+            "targets": [t["spec"] for t in run["environment"]["targets"]], "worker_startups": startups,
+            "case_ids": {spec: [r["case_id"] for r in run["results"] if r["target"] == spec]
+                         for spec in [t["spec"] for t in run["environment"]["targets"]]}}
 
 
-def startup(target: str) -> dict[str, Any]:
-    """Figure 3: one trivial case, through the CLI and through run_matrix."""
-    from harness.runner.sessions import run_matrix
-    from harness.targets import sources
-
-    with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
-        started = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "repro", "run", *ONE_CASE, "--targets", target, "--out", tmp],
-                       capture_output=True, check=False, cwd=REPO)
-        cli_wall = time.perf_counter() - started
-    with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
-        only = [ONE_CASE[i + 1] for i in range(2, len(ONE_CASE), 2)]
-        started = time.perf_counter()
-        run = run_matrix("smoke", only, [target], Path(tmp), 1, sources.cache_dir(), progress=lambda _: None)
-        session_wall = time.perf_counter() - started
-    case_s = sum(r["duration_s"] for r in run["results"])
-    return {"cli_one_case_s": cli_wall, "session_one_case_s": session_wall, "case_s": case_s,
-            "session_startup_s": session_wall - case_s, "cases": len(run["results"])}
-
-
-def bench_worker_startup(target: str) -> dict[str, Any]:
-    """Figure 4: time until a bench worker (no Megatron) says it is ready."""
-    from harness import targets
-    from harness.bench import Worker
-    from harness.targets import sources
-
-    prepared = targets.prepare(target, sources.cache_dir())
-    with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
-        started = time.perf_counter()
-        worker = Worker(prepared, Path(tmp) / "worker.log", None)
-        ready = worker.receive(300)
-        wall = time.perf_counter() - started
-        worker.close()
-    return {"wall_s": wall, "reported_startup_s": ready["startup_s"]}
-
-
-def per_case_overhead(target_spec: str, sample: int) -> dict[str, Any]:
-    """Figure 2, in this process (which then holds that target): run_case against the
-    bare pipeline call it wraps, per case, on an even sample of issue22's runnable cases."""
+def floor_worker(spec: str, case_file: str, threads: int) -> None:
+    """In a fresh process (`--floor-worker`): load the target, time run_case for the given
+    cases, print the figures as JSON on the last line of stdout."""
+    started = time.perf_counter()
     import torch
 
-    from cases.matrix import generate, skip_reason
-    from cases.pipelines import HIDDEN
+    torch_s = time.perf_counter() - started
+    if threads:
+        torch.set_num_threads(threads)
+    import warnings
+
+    from cases.case import Case
+    from cases.clients import needs_megatron
     from harness import targets
-    from harness.engine.execute import DTYPES, build_module, grad_mode, import_megatron, make_inputs, run_case, wrap
+    from harness.engine.execute import import_megatron, missing_features, run_case
     from harness.targets import sources
     from harness.targets.loader import load
 
-    import_megatron("cpu")  # before the target: megatron probes `import transformer_engine`
-    target = load(targets.prepare(target_spec, sources.cache_dir()))
-    # Checkpoint warns on cases whose inputs need no grad; those cases are meant to run so.
-    warnings.filterwarnings("ignore", message="None of the inputs have requires_grad")
-    runnable = [c for c in generate("issue22") if skip_reason(c) is None]
-    chosen = runnable[:: max(1, len(runnable) // sample)][:sample]
-    harness_ms, bare_ms = [], []
-    for case in chosen:
-        run_case(case, target)  # warm-up: first-call costs belong to neither side
-        times = []
-        for _ in range(3):
-            started = time.perf_counter()
-            run_case(case, target)
-            times.append(time.perf_counter() - started)
-        harness_ms.append(1e3 * statistics.median(times))
-        module = build_module(case, target)
-        dtype = DTYPES[case.dtype]
-        values, residual = torch.randn(4, HIDDEN, dtype=dtype), torch.randn(4, HIDDEN, dtype=dtype)
-        call = wrap(module, case.recompute, case.device)
-        times = []
-        for _ in range(20):
-            tensors = make_inputs(case, values, residual)  # fresh caller tensors, outside the clock
-            args = [tensors["x"]] + ([tensors["residual"]] if "residual" in tensors else [])
-            started = time.perf_counter()
-            # An issue-22 crash still costs its call, so it is timed, not skipped.
-            with contextlib.suppress(Exception), grad_mode(case.grad_mode):
-                call(*args)
-            times.append(time.perf_counter() - started)
-        bare_ms.append(1e3 * statistics.median(times))
-    overhead = [h - b for h, b in zip(harness_ms, bare_ms, strict=True)]
-    return {"target": target_spec, "cases": len(chosen), "run_case_ms": statistics.mean(harness_ms),
-            "bare_call_ms": statistics.mean(bare_ms), "overhead_ms": statistics.mean(overhead),
-            "overhead_median_ms": statistics.median(overhead)}
+    loading = time.perf_counter()
+    target = load(targets.prepare(spec, sources.cache_dir()))
+    load_s = time.perf_counter() - loading
+    cases = [Case.from_id(case_id) for case_id in json.loads(Path(case_file).read_text())]
+    megatron_s = None
+    if any(needs_megatron(c) for c in cases):
+        importing = time.perf_counter()
+        import_megatron("cpu")
+        megatron_s = time.perf_counter() - importing
+    # As in the run's workers (-p no:warnings): checkpoint warns on cases whose inputs need no grad.
+    warnings.filterwarnings("ignore")
+    compute, ran = 0.0, 0
+    for case in cases:
+        if missing_features(case, target):
+            continue  # recorded as not applicable in the run: no compute
+        began = time.perf_counter()
+        run_case(case, target)
+        compute += time.perf_counter() - began
+        ran += 1
+    print(json.dumps({"spec": spec, "cases": ran, "compute_s": compute, "torch_import_s": torch_s,
+                      "target_load_s": load_s, "megatron_import_s": megatron_s, "threads": torch.get_num_threads()}))
+
+
+def floor(case_ids: dict[str, list[str]], threads: int) -> list[dict[str, Any]]:
+    """Figure 2: one process per target, one at a time (so each has the machine's cores
+    to itself, the best case for it)."""
+    figures = []
+    with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
+        for spec, ids in case_ids.items():
+            case_file = Path(tmp) / "cases.json"
+            case_file.write_text(json.dumps(ids))
+            result = subprocess.run([sys.executable, __file__, "--floor-worker", spec, str(case_file),
+                                     "--threads", str(threads)], capture_output=True, text=True, check=False,
+                                    cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+            if result.returncode:
+                raise SystemExit(f"floor worker for {spec} failed: {result.stderr.strip()[-400:]}")
+            figures.append(json.loads(result.stdout.strip().splitlines()[-1]))
+    return figures
+
+
+def _startup_line(label: str, entries: list[dict[str, Any]]) -> str:
+    def median(key: str) -> str:
+        values = [e[key] for e in entries if e.get(key) is not None]
+        return f"{statistics.median(values):.2f} s (x{len(values)})" if values else "- (none)"
+
+    return (f"{label}: torch import {median('torch_import_s')}, target load {median('target_load_s')}, "
+            f"megatron import {median('megatron_import_s')}  [median per process]")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--target", default="te-2.16.0", help="target for the in-process and start-up figures")
-    parser.add_argument("--targets", help="targets of the full issue22 run (default: repro run's defaults)")
-    parser.add_argument("--sample", type=int, default=60, help="cases sampled for the per-case overhead")
-    parser.add_argument("--skip-full-run", action="store_true", help="leave out figure 1 (minutes)")
+    parser.add_argument("--matrix", default="issue22")
+    parser.add_argument("--targets", help="comma-separated specs (default: the matrix's own default targets)")
+    parser.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1),
+                        help="repro run's -n; also the parallelism the floor is spread over")
+    parser.add_argument("--threads-too", action="store_true",
+                        help="also measure the floor with torch's default thread count (the runner uses 1)")
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--floor-worker", nargs=2, metavar=("SPEC", "CASE_FILE"), help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.floor_worker:
+        floor_worker(*args.floor_worker, args.threads)
+        return 0
     figures: dict[str, Any] = {"load_average_before": os.getloadavg(), "cpus": os.cpu_count()}
-    if not args.skip_full_run:
-        figures["issue22_run"] = full_run(args.targets)
-    figures["worker_startup"] = startup(args.target)
-    figures["bench_worker_startup"] = bench_worker_startup(args.target)
-    figures["per_case"] = per_case_overhead(args.target, args.sample)  # last: it loads a target here
+    with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
+        run = run_once(args.matrix, args.targets, args.workers, Path(tmp) / "run")
+    figures["run"] = {k: v for k, v in run.items() if k != "case_ids"}
+    figures["load_average_mid"] = os.getloadavg()
+    figures["floor"] = floor(run["case_ids"], threads=1)
+    if args.threads_too:
+        figures["floor_default_threads"] = floor(run["case_ids"], threads=0)
     figures["load_average_after"] = os.getloadavg()
-    run, start, case = figures.get("issue22_run"), figures["worker_startup"], figures["per_case"]
-    print(f"machine: {figures['cpus']} CPUs, load average before {figures['load_average_before'][0]:.2f}, "
-          f"after {figures['load_average_after'][0]:.2f}")
-    if run and "error" not in run:
-        print(f"repro run --matrix issue22: {run['wall_s']:.1f} s wall over {', '.join(run['targets'])}; "
-              f"{run['executed']} cases executed ({run['records']} records with skips): "
-              f"{run['executed_per_s']:.1f} cases/s ({run['records_per_s']:.1f} records/s); "
-              f"sum of case durations {run['sum_case_duration_s']:.1f} s")
-    elif run:
-        print(f"repro run --matrix issue22: {run['error']}")
-    print(f"per-case overhead ({case['cases']} cases of issue22 on {case['target']}): run_case "
-          f"{case['run_case_ms']:.2f} ms vs bare pipeline call {case['bare_call_ms']:.2f} ms: "
-          f"overhead {case['overhead_ms']:.2f} ms mean, {case['overhead_median_ms']:.2f} ms median")
-    print(f"worker start-up (1 trivial case on {args.target}): repro run {start['cli_one_case_s']:.1f} s wall; "
-          f"pytest session via run_matrix {start['session_one_case_s']:.1f} s, of which the case "
-          f"{1e3 * start['case_s']:.1f} ms: start-up {start['session_startup_s']:.1f} s")
-    print(f"bench worker start-up: {figures['bench_worker_startup']['wall_s']:.1f} s "
-          f"(worker's own count {figures['bench_worker_startup']['reported_startup_s']:.1f} s)")
+
+    parallel = max(1, min(args.workers, os.cpu_count() or 1, len(run["case_ids"])))
+    compute = sum(f["compute_s"] for f in figures["floor"])
+    startup = sum(f["torch_import_s"] + f["target_load_s"] + (f["megatron_import_s"] or 0) for f in figures["floor"])
+    figures["floor_wall_s"] = compute / parallel
+    figures["floor_with_startup_wall_s"] = (compute + startup) / parallel
+    figures["wall_over_floor"] = run["wall_s"] / figures["floor_wall_s"]
+    figures["wall_over_floor_with_startup"] = run["wall_s"] / figures["floor_with_startup_wall_s"]
+    figures["wall_over_in_run_compute"] = run["wall_s"] / (run["sum_case_duration_s"] / parallel)
+
+    print(f"machine: {figures['cpus']} CPUs; load average (1 min) before {figures['load_average_before'][0]:.2f}, "
+          f"after the run {figures['load_average_mid'][0]:.2f}, at the end {figures['load_average_after'][0]:.2f}")
+    print(f"repro run --matrix {args.matrix} -n {args.workers}: {run['wall_s']:.1f} s wall, {run['cases']} cases over "
+          f"{len(run['targets'])} targets ({', '.join(run['targets'])}): {run['cases_per_s']:.0f} cases/s; "
+          f"the records' own durations sum to {run['sum_case_duration_s']:.1f} s; exit {run['exit']}")
+    ran = sum(f["cases"] for f in figures["floor"])
+    print(f"compute floor: run_case on the same {ran} cases, one process per target, torch on 1 thread: "
+          f"{compute:.1f} s ({1e3 * compute / max(1, ran):.2f} ms/case), over {parallel} parallel workers "
+          f"{figures['floor_wall_s']:.1f} s; with each process's start-up {figures['floor_with_startup_wall_s']:.1f} s")
+    print(f"wall / floor: {figures['wall_over_floor']:.2f}; wall / (floor + start-up): "
+          f"{figures['wall_over_floor_with_startup']:.2f}")
+    # The floor runs after the run, maybe under another load: the run's own per-case times
+    # show how much of the gap is the machine rather than the harness.
+    in_run = run["sum_case_duration_s"] / parallel
+    print(f"the run's own case durations over {parallel} workers: {in_run:.1f} s "
+          f"({run['sum_case_duration_s'] / max(1, compute):.2f}x the floor's compute); wall / that: "
+          f"{run['wall_s'] / in_run:.2f}")
+    if "floor_default_threads" in figures:
+        default = figures["floor_default_threads"]
+        other = sum(f["compute_s"] for f in default)
+        print(f"the same floor with torch's default threads ({default[0]['threads']}): {other:.1f} s "
+              f"({other / compute:.2f}x the 1-thread floor)")
+    print(_startup_line("worker start-up in the run", list(run["worker_startups"].values())))
+    print(_startup_line("start-up of the floor processes", figures["floor"]))
     if args.json:
         Path(args.json).write_text(json.dumps(figures, indent=1))
     return 0

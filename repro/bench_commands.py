@@ -27,12 +27,13 @@ def render_table(perf: dict[str, Any]) -> str:
     unfused reference for each target."""
     specs = [t["spec"] for t in perf["targets"]]
     devices = {r["device"] for r in perf["rows"]}
-    headers = ["pipeline", "dtype", *(["device"] if devices - {"cpu"} else []), "mode"]
+    headers = ["shape", "pipeline", "dtype", *(["device"] if devices - {"cpu"} else []), "mode"]
     headers += [f"{label}\n{' / '.join(pair) if pair else ''}" for label, pair in perf["comparisons"].items()]
     headers += [f"fuser / ref\n{spec}" for spec in specs]
     rows = []
     for row in perf["rows"]:
-        cells = [row["pipeline"], row["dtype"], *([row["device"]] if devices - {"cpu"} else []), row["mode"]]
+        cells = [row.get("shape", "tiny"), row["pipeline"], row["dtype"], *([row["device"]] if devices - {"cpu"} else []),
+                 row["mode"]]
         cells += [bench_stats.format_ratio(row["ratios"].get(label)) for label in perf["comparisons"]]
         cells += [bench_stats.format_ratio(row["ratios"][bench_stats.FUSER_VS_REFERENCE].get(s)) for s in specs]
         rows.append(cells)
@@ -54,6 +55,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     specs = validate.target_specs(args.targets, None, bench.DEFAULT_TARGETS)
     validate.check_only(args.only)
     modes = bench.parse_modes(args.modes)
+    shapes = bench.parse_shapes(args.shapes)
     generate(args.matrix, args.only)
     if args.fail_on_slowdown is not None and bench_stats.pairings(specs, args.upstream)[
             bench_stats.BACKPORT_VS_UNPATCHED] is None:
@@ -61,7 +63,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     out_dir = Path(args.out or Path("runs") / f"bench-{args.matrix}")
     try:
         perf = bench.run_bench(args.matrix, args.only, specs, modes, args.rounds, args.min_run_time, out_dir,
-                               sources.cache_dir(args.cache_dir), args.offline, args.upstream, _progress)
+                               sources.cache_dir(args.cache_dir), args.offline, args.upstream, _progress, shapes)
     except bench.BenchWorkerError as exc:
         print(f"repro bench: error: {exc}", file=sys.stderr)
         return 1
@@ -94,6 +96,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--upstream", default=bench.DEFAULT_UPSTREAM, help="the upstream-fixed target for "
                    f"'{bench_stats.BACKPORT_VS_UPSTREAM}' (default {bench.DEFAULT_UPSTREAM})")
     p.add_argument("--modes", help=f"comma-separated modes (default all: {', '.join(bench.MODES)})")
+    p.add_argument("--shapes", help=f"comma-separated shapes (default all: {', '.join(bench.SHAPES)}; "
+                   + "; ".join(f"{n}: {s.description}" for n, s in bench.SHAPES.items()) + ")")
     p.add_argument("--rounds", type=validate.positive_int, default=5, help="rounds of A B C timing (at least 2; default 5)")
     p.add_argument("--min-run-time", type=validate.positive_float, default=0.05, help="seconds per measurement (default 0.05)")
     p.add_argument("--fail-on-slowdown", type=float, metavar="PCT",

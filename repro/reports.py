@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from harness.errors import UsageError
 from harness.model import SCHEMA, Run
-from harness.runner import records, rundir
+from harness.runner import rundir
 
 FORMATS = ("md", "verdict-md", "summary", "html", "junit", "json")
 OUTCOMES = ("pass", "crash", "wrong_output", "wrong_grad", "side_effect", "harness_error", "not_applicable",
@@ -79,7 +79,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 def _run_from_jsonl(run_dir: Path) -> dict[str, Any]:
     """What an unfinished run holds. run-meta.json names every (target, case id) the run was
     asked for (`expected_keys`), so every missing one can be listed."""
-    found, problems = records.read_jsonl(run_dir / "results.jsonl")
+    found, problems = rundir.read_results(run_dir / "results.jsonl")
     meta = _read_meta(run_dir)
     by_key = {(r["target"], r["case_id"]): r for r in found}  # a repeated record: the last one counts
     specs = list(meta.get("targets") or dict.fromkeys(r["target"] for r in found))

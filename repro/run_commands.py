@@ -25,7 +25,7 @@ from harness.errors import UsageError
 from harness.megatron.loader import MEGATRON_ENV
 from harness.megatron.source import DEFAULT_VERSION, PreparedMegatron, check_megatron_spec, prepare_megatron
 from harness.model import json_schema
-from harness.runner import rundir
+from harness.runner import hosts, rundir
 from harness.runner.completeness import incomplete_reason
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
@@ -80,9 +80,10 @@ def megatron_env(megatron: PreparedMegatron | None) -> Iterator[None]:
 
 def cmd_run(args: argparse.Namespace) -> int:
     # Every option is checked before anything is written (the cache included).
-    specs = validate.target_specs(args.targets, args.target, None)  # None: each regression's own defaults
-    validate.check_fork_config(args.fork_config, specs or [])
+    # None: each regression's own default targets
+    specs = validate.target_specs(args.targets, args.target, None, args.fork_config)
     validate.check_only(args.only)
+    tx, rsyncdirs = hosts.check_tx(args.tx), hosts.check_rsyncdirs(args.rsyncdir)
     matrix, selections, pairs = args.matrix, None, None
     if (picked := rerun_selection(args)) is not None:
         if not picked:
@@ -107,7 +108,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             run = run_matrix(matrix, args.only, specs, out_dir, args.workers, cache, args.offline,
                              args.max_cases, progress=progress, case_timeout=args.case_timeout,
-                             fork_config=args.fork_config, selections=selections, pairs=pairs)
+                             fork_config=args.fork_config, selections=selections, pairs=pairs,
+                             tx=tx, rsyncdirs=rsyncdirs)
         except (Interrupted, KeyboardInterrupt):
             progress.close()
             print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}; "
@@ -221,6 +223,12 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    "the cache")
     p.add_argument("-n", "--workers", type=validate.positive_int, default=min(2, os.cpu_count() or 1),
                    help="xdist workers per target (1 or more)")
+    p.add_argument("--tx", action="append", metavar="SPEC",
+                   help="pytest-xdist worker spec for each target's session, instead of -n local workers; repeatable "
+                   "(e.g. 2*popen, ssh=HOST//python=PY); see the README's 'Several hosts'")
+    p.add_argument("--rsyncdir", action="append", metavar="DIR",
+                   help="with a remote --tx: one more directory for xdist to copy to the workers (the harness and "
+                   "the session's case file are copied already); repeatable")
     p.add_argument("--perf", action="store_true", help="also benchmark the matrix (as repro bench) into the reports")
     p.add_argument("--case-timeout", type=validate.positive_float, default=CASE_TIMEOUT_S,
                    help="seconds (above 0) before a case is recorded as hung")

@@ -53,17 +53,21 @@ def check_only(only: list[str] | None) -> None:
         seen.add(axis)
 
 
-def target_specs(listed: str | None, single: list[str] | None, default: tuple[str, ...] | None) -> list[str] | None:
+def target_specs(listed: str | None, single: list[str] | None, default: tuple[str, ...] | None,
+                 fork_config: str | None = None) -> list[str] | None:
     """The targets of `--targets A,B` and repeated `--target SPEC` (never split, so a path
     holding a comma can be named), each parsed and none repeated; the default when neither
-    (None: each regression's own default targets)."""
+    (None: each regression's own default targets). The options (`--fork-config` too) are
+    checked before the targets' trees and wheels are looked at."""
     specs = (targets.parse_spec_list(listed) if listed is not None else []) + list(single or [])
     if not specs and default is None:
+        check_fork_config(fork_config, [])
         return None
     specs = specs or list(default or ())
     for spec in specs:
         targets.parse_spec(spec)
     targets.check_unique(specs)
+    check_fork_config(fork_config, specs)
     targets.check_available(specs)
     return specs
 

@@ -2,13 +2,15 @@
 (pytest's own environment variable): it implements the runner's
 `pytest_repro_case_started` hook and kills, hangs or exhausts the worker on the cases
 named in REPRO_TEST_INJECT_FAULTS, as JSON {"<case_id>": "segfault" | "exit" | "hang" |
-"allocate"}. Production code never imports this module."""
+"stuck" | "allocate"}; "stuck" hangs deaf to the per-case alarm, as a case spinning in C
+code would. Production code never imports this module."""
 
 from __future__ import annotations
 
 import ctypes
 import json
 import os
+import signal
 import time
 
 ENV = "REPRO_TEST_INJECT_FAULTS"
@@ -22,6 +24,9 @@ def pytest_repro_case_started(case_id: str) -> None:
     elif fault == "exit":
         os._exit(3)
     elif fault == "hang":
+        time.sleep(3600)
+    elif fault == "stuck":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
         time.sleep(3600)
     elif fault == "allocate":
         hoard = []

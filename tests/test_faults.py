@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness.runner.records import read_jsonl
+from harness.runner.rundir import read_results
 from tests.conftest import REPO
 from tests.fault_plugin import ENV, PLUGIN
 
@@ -75,7 +75,7 @@ def test_sigterm_keeps_partial_results(tmp_path: Path) -> None:
                                cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while time.time() < deadline:
-        records, _ = read_jsonl(tmp_path / "results.jsonl")
+        records, _ = read_results(tmp_path / "results.jsonl")
         if len(records) >= 5:
             break
         time.sleep(0.5)
@@ -83,7 +83,7 @@ def test_sigterm_keeps_partial_results(tmp_path: Path) -> None:
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == 130
     assert "partial results kept" in stderr
-    records, problems = read_jsonl(tmp_path / "results.jsonl")
+    records, problems = read_results(tmp_path / "results.jsonl")
     assert len(records) >= 5 and not problems
     assert not (tmp_path / "run.json").exists()
 
@@ -110,7 +110,7 @@ def test_corrupt_jsonl_lines_are_reported_and_skipped(tmp_path: Path) -> None:
 
     path.write_bytes(f'{line("a")}\n{{"case_id": "b", "trunc\nnot json at all\n[1, 2]\n{{"case_id": "d"}}\n'
                      f'\xff\xfe\n{line("c")}\n'.encode("latin-1"))
-    records, problems = read_jsonl(path)
+    records, problems = read_results(path)
     assert [r["case_id"] for r in records] == ["a", "c"]
     assert [p.split(":")[0] for p in problems] == [f"results.jsonl line {n}" for n in (2, 3, 4, 5, 6)]
 

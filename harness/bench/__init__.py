@@ -25,11 +25,13 @@ from typing import IO, Any
 import torch
 
 from cases.case import Case
-from cases.matrix import common_exclusion, generate
+from cases.matrix import common_exclusion, generate, parse_filters
+from cases.pipelines import PIPELINES, ops_used
 from harness import targets
 from harness.bench import stats as bench_stats
 from harness.errors import UsageError
-from harness.runner.sessions import check_out_dir, session_name
+from harness.runner.rundir import check_writable
+from harness.runner.sessions import session_name
 
 SCHEMA = "repro.perf/1"
 DEFAULT_TARGETS = ("te-2.13.0", "te-2.13.0+backport", "te-2.16.0")
@@ -65,8 +67,26 @@ MODES: dict[str, Mode] = {
     "fwd_bwd_megatron": Mode("enabled", "leaf_requires_grad", "megatron", True,
                              "forward + backward in Megatron's CheckpointFunction"),
 }
+
+
+@dataclass(frozen=True)
+class Shape:
+    tokens: int
+    hidden: int
+    dtypes: tuple[str, ...] | None  # None: every dtype of the matrix
+    description: str
+
+
+# tiny: where the fuser's fixed cost per call shows; realistic: a transformer layer's
+# activations (2048 tokens x hidden 4096, bfloat16), where the op's own work dominates.
+SHAPES: dict[str, Shape] = {
+    "tiny": Shape(4, 16, None, "4 tokens x hidden 16, the matrix's dtypes"),
+    "realistic": Shape(2048, 4096, ("bfloat16",), "2048 tokens x hidden 4096, bfloat16"),
+}
+MATMUL_OPS = ("BasicLinear",)
 INPUT_NOTE = ("inputs: a plain leaf for fwd_no_grad, a leaf that requires grad for the grad modes (not issue 22's "
-              "non-leaf), so te-2.13.0 completes them too; parameters trainable; batch 4 x hidden 16")
+              "non-leaf), so te-2.13.0 completes them too; parameters trainable; shapes: "
+              + "; ".join(f"{name} {shape.description}" for name, shape in SHAPES.items()))
 CPU_MEMORY_NOTE = ("memory: not measured on the CPU: torch has no peak-allocation counter for CPU tensors, and the "
                    "profiler's memory view would slow the very calls being timed")
 RATIO_NOTE = "ratios: per round, then median and min–max across rounds; a spread covering 1.0 is within noise"
@@ -81,12 +101,31 @@ def case_for(combo: dict[str, str]) -> Case:
                 "single", "dense", combo["dtype"], combo["device"])
 
 
-def combinations(matrix: str, only: list[str] | None, modes: list[str]) -> list[dict[str, str]]:
-    """pipeline × dtype × device from the matrix (in its order), × the bench modes."""
+def combinations(matrix: str, only: list[str] | None, modes: list[str],
+                 shapes: tuple[str, ...] = tuple(SHAPES)) -> list[dict[str, str]]:
+    """pipeline × dtype × device from the matrix (in its order), × the bench modes, × the
+    shapes; a shape with its own dtypes (realistic: bfloat16) uses those, whatever the matrix's,
+    unless `--only dtype=` leaves them out."""
+    wanted_dtypes = parse_filters(only).get("dtype")
     seen: dict[tuple[str, str, str], None] = {}
     for case in (c for selection in generate(matrix, only) for c in selection.cases):
         seen.setdefault((case.pipeline, case.dtype, case.device), None)
-    return [{"pipeline": p, "dtype": d, "device": dev, "mode": m} for p, d, dev in seen for m in modes]
+    combos: dict[tuple[str, ...], None] = {}
+    for shape in shapes:
+        for pipeline, dtype, device in seen:
+            for shape_dtype in [d for d in SHAPES[shape].dtypes or (dtype,) if not wanted_dtypes or d in wanted_dtypes]:
+                for mode in modes:
+                    combos.setdefault((pipeline, shape_dtype, device, mode, shape), None)
+    keys = ("pipeline", "dtype", "device", "mode", "shape")
+    return [dict(zip(keys, combo, strict=True)) for combo in combos]
+
+
+def parse_shapes(text: str | None) -> tuple[str, ...]:
+    chosen = tuple(s for s in (text.split(",") if text else SHAPES) if s)
+    unknown = [s for s in chosen if s not in SHAPES]
+    if unknown or not chosen:
+        raise UsageError(f"unknown shape {','.join(unknown) or '(none)'}; valid: {', '.join(SHAPES)}")
+    return chosen
 
 
 def parse_modes(text: str | None) -> list[str]:
@@ -151,6 +190,9 @@ def _static_reason(combo: dict[str, str], device_reasons: dict[str, str | None])
     reason = common_exclusion(case_for(combo))
     if reason is None and device_reasons.get(combo["device"]):
         reason = f"device {combo['device']} unavailable: {device_reasons[combo['device']]}"
+    if (reason is None and combo["shape"] != "tiny" and combo["device"] == "cpu"
+            and set(MATMUL_OPS) & set(ops_used(PIPELINES[combo["pipeline"]]))):
+        reason = f"{combo['shape']} shape: a pipeline with a matmul takes seconds per call on the CPU; timed on devices"
     return reason
 
 
@@ -208,14 +250,15 @@ def _time_rounds(workers: list[Worker], benched: list[dict[str, str]], rounds: i
 
 def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list[str], rounds: int,
               min_run_time: float, out_dir: Path, cache: Path, offline: bool = False,
-              upstream: str | None = DEFAULT_UPSTREAM, progress: Callable[[str], None] = print) -> dict[str, Any]:
+              upstream: str | None = DEFAULT_UPSTREAM, progress: Callable[[str], None] = print,
+              shapes: tuple[str, ...] = tuple(SHAPES)) -> dict[str, Any]:
     """Check, then time; returns the `perf` block (schema repro.perf/1)."""
     if rounds < 2:
         raise UsageError("--rounds must be at least 2: the spread across rounds is what tells noise from change")
     if min_run_time <= 0:
         raise UsageError("--min-run-time must be positive")
-    todo = combinations(matrix, only, modes)
-    check_out_dir(out_dir)
+    todo = combinations(matrix, only, modes, shapes)
+    check_writable(out_dir)
     prepared = [targets.prepare(spec, cache, offline) for spec in specs]
     from harness.targets.devices import unavailable_reasons
 
@@ -265,6 +308,7 @@ def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list
                     for p in prepared],
         "comparisons": {label: list(pair) if pair else None for label, pair in pairs.items()},
         "modes": {m: asdict(MODES[m]) for m in modes},
+        "shapes": {name: asdict(SHAPES[name]) for name in shapes},
         "environment": {"torch": torch.__version__, "python": platform.python_version(),
                         "machine": platform.node(), "cpus": os.cpu_count()},
         "timer": "torch.utils.benchmark.Timer.blocked_autorange, num_threads=1; per call: median and IQR of blocks",

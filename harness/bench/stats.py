@@ -117,7 +117,8 @@ def format_ratio(entry: dict[str, Any] | None) -> str:
 
 
 def row_name(row: dict[str, Any]) -> str:
-    return " ".join(str(row[k]) for k in ("pipeline", "dtype", "device", "mode"))
+    return " ".join(str(row[k]) for k in ("pipeline", "dtype", "device", "mode")) + (
+        f" {row['shape']}" if row.get("shape", "tiny") != "tiny" else "")
 
 
 def slowdowns(rows: Iterable[dict[str, Any]], pct: float) -> list[str]:

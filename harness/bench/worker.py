@@ -25,8 +25,9 @@ STARTED = time.perf_counter()
 import torch  # after STARTED, so start-up time includes importing torch
 from torch.utils.benchmark import Timer
 
-from cases.pipelines import HIDDEN, PIPELINES, ops_used
-from harness.bench import MODES, TEST_SLOW_ENV, TEST_SLOW_SECONDS_ENV, case_for
+from cases import pipelines
+from cases.pipelines import PIPELINES, ops_used
+from harness.bench import MODES, SHAPES, TEST_SLOW_ENV, TEST_SLOW_SECONDS_ENV, case_for
 from harness.engine.execute import DTYPES, build_module, grad_mode, import_megatron, wrap
 from harness.engine.frames import error_record
 from harness.targets import PreparedTarget
@@ -39,10 +40,15 @@ def make_step(target: LoadedTarget, combo: dict[str, str], reference: bool,
     """One call of the combination, ready to repeat: the target's fuser pipeline, or the
     unfused reference with the same parameter values. Returns it with the caller's tensors."""
     mode, case, info = MODES[combo["mode"]], case_for(combo), PIPELINES[combo["pipeline"]]
+    shape = SHAPES[combo.get("shape", "tiny")]
+    # The catalogue's builders and references read the hidden size from this module global
+    # when called; this process only benches, one combination at a time.
+    pipelines.HIDDEN = shape.hidden
     torch.manual_seed(0)
     module = build_module(case, target)
     wants_grad = mode.input == "leaf_requires_grad"
-    inputs = [torch.randn(4, HIDDEN, dtype=DTYPES[case.dtype], device=case.device).requires_grad_(wants_grad)
+    inputs = [torch.randn(shape.tokens, shape.hidden, dtype=DTYPES[case.dtype], device=case.device)
+              .requires_grad_(wants_grad)
               for _ in range(1 + info.num_extra_inputs)]
     params = [p.detach().clone().requires_grad_() for p in module.parameters()]
 

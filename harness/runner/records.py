@@ -7,7 +7,6 @@ of `harness.model.CaseResult`.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from cases.case import Case
@@ -17,7 +16,7 @@ from harness.errors import TargetLoadError
 from harness.model import SCHEMA, Outcome, Role
 from harness.runner.verdicts import verdict
 
-__all__ = ["SCHEMA", "judge", "lost_case_record", "read_jsonl"]
+__all__ = ["SCHEMA", "judge", "lost_case_record"]
 
 
 def finish(case: Case, spec: str, role: Role, observed: dict[str, Any]) -> dict[str, Any]:
@@ -74,11 +73,3 @@ def lost_case_record(case_id: str, spec: str, role: Role, why: str, text: str) -
              "traceback": text[-4000:]}
     observed = {**_not_run(Outcome.CRASH, "completion", why, error), "failed_checks": ["completion"]}
     return finish(Case.from_id(case_id), spec, role, observed)
-
-
-def read_jsonl(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Records from a JSONL file; a line that is corrupt, not UTF-8, not an object or
-    lacking a record's keys is reported by number and skipped."""
-    from harness.runner.rundir import read_results
-
-    return read_results(path)

@@ -47,17 +47,22 @@ def check_out_location(out_dir: Path, sources: list[Path], cache: Path) -> None:
                              "or the cache; pass an --out elsewhere")
 
 
-@contextmanager
-def claim(out_dir: Path) -> Iterator[None]:
-    """Hold the run dir for this run; a second run into it is refused with one line. A dir
-    this run created is removed again when the run is refused before writing anything."""
-    created = not out_dir.exists()
+def check_writable(out_dir: Path) -> None:
+    """Create the output dir if need be, and prove a file can be written in it."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=out_dir):
             pass
     except OSError as exc:
         raise UsageError(f"output dir {out_dir} is not writable ({exc.strerror}); pass a writable --out") from None
+
+
+@contextmanager
+def claim(out_dir: Path) -> Iterator[None]:
+    """Hold the run dir for this run; a second run into it is refused with one line. A dir
+    this run created is removed again when the run is refused before writing anything."""
+    created = not out_dir.exists()
+    check_writable(out_dir)
     lock = FileLock(out_dir / LOCK_NAME, timeout=0)
     try:
         lock.acquire()

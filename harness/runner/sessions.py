@@ -12,7 +12,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -27,21 +26,13 @@ from cases.regression import Regression
 from harness import targets
 from harness.errors import UsageError
 from harness.model import BAD_VERDICTS, SCHEMA, Role, Run
-from harness.runner import completeness, lifetime, records, rundir
+from harness.runner import completeness, lifetime, rundir
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 
 CASE_TIMEOUT_S = 120
+CHUNK_MAX = 200  # cases per pytest item, at most
 LARGE_SESSION = 4000  # runnable cases per target above which one session gets every worker
-
-
-def check_out_dir(out_dir: Path) -> None:
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out_dir):
-            pass
-    except OSError as exc:
-        raise UsageError(f"output dir {out_dir} is not writable ({exc.strerror}); pass a writable --out") from None
 
 
 def environment_info(prepared: list[targets.PreparedTarget], descriptions: dict[str, str],
@@ -69,6 +60,7 @@ class ProgressReader:
         self.done: dict[str, int] = {}
         self.failing: dict[str, int] = {}
         self.verdicts: dict[str, dict[str, int]] = {}
+        self.case_ids: dict[str, set[str]] = {}
 
     def poll(self) -> None:
         if not self.path.is_file():
@@ -83,6 +75,8 @@ class ProgressReader:
             if match:
                 spec = match.group(1)
                 self.done[spec] = self.done.get(spec, 0) + 1
+                if case_id := re.search(r'"case_id": "([^"]*)"', line):
+                    self.case_ids.setdefault(spec, set()).add(case_id.group(1))
                 bad = any(f'"verdict": "{v}"' in line for v in BAD_VERDICTS)
                 self.failing[spec] = self.failing.get(spec, 0) + bad
                 if verdict := re.search(r'"verdict": "([^"]*)"', line):
@@ -99,32 +93,62 @@ def _read_description(out_dir: Path, target: targets.PreparedTarget) -> str:
     return path.read_text() if path.is_file() else ""
 
 
+def chunk_size(cases: int, workers: int) -> int:
+    """Cases per pytest item: a few items per worker so the load evens out, at most
+    CHUNK_MAX so a dead worker leaves few cases to its target's follow-up session."""
+    return max(1, min(CHUNK_MAX, -(-cases // (4 * max(1, workers)))))
+
+
+def _remote(tx: list[str]) -> bool:
+    return any("popen" not in spec.split("//")[0] for spec in tx)
+
+
 def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: dict[str, str], out_dir: Path,
-                   jsonl: Path, workers: int, case_timeout: float) -> subprocess.Popen[bytes]:
-    """One pytest session for one target; its cases spread over `workers` xdist workers."""
+                   jsonl: Path, workers: int, case_timeout: float, attempt: int = 0,
+                   tx: list[str] | None = None, rsyncdirs: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """One pytest session for one target; its cases spread over `workers` xdist workers,
+    or over the workers of the given xdist `--tx` specs. `attempt` counts the follow-up
+    sessions of this target (its cases without a record after a worker died); they run
+    one case per item, so that a target crashing on many cases needs one follow-up, where
+    xdist gives each crash a fresh worker and moves on."""
     safe = session_name(prepared.spec)
     case_dir = out_dir / "sessions"
     case_dir.mkdir(exist_ok=True)
-    case_file = case_dir / f"{safe}.cases.json"
+    case_file = case_dir / (f"{safe}.cases.json" if not attempt else f"{safe}.follow-up-{attempt}.cases.json")
     case_file.write_text(json.dumps({"target": prepared.spec, "cases": [c.as_dict() for c in cases]}))
     (case_dir / "pytest.ini").write_text("[pytest]\naddopts =\n")
     # no:warnings: torch.utils.checkpoint warns on every no-grad-input case; capturing
     # thousands of those costs time and tells the record nothing.
     # Plugin autoloading is off (env below): only the plugins named here load, whatever the host has installed.
+    # Per-case timeouts are the plugin's own (an item holds many cases), so pytest-timeout is not loaded.
+    n_workers = sum(int(s.split("*", 1)[0]) if "*" in s else 1 for s in tx) if tx else max(1, workers)
     command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
-               "-p", "xdist.plugin", "-p", "pytest_timeout", "-p", "harness.runner.plugin", "-p", "harness.runner.lifetime",
+               "-p", "xdist.plugin", "-p", "harness.runner.plugin", "-p", "harness.runner.lifetime",
                "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
-               f"--timeout={case_timeout}", f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
+               f"--repro-case-timeout={case_timeout}", f"--repro-chunk={1 if attempt else chunk_size(len(cases), n_workers)}",
+               f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", f"--repro-roles={json.dumps(roles)}",
-               str(case_file)]
+               f"--repro-startup={case_dir / f'{safe}.startup.jsonl'}", str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
     # A crash costs one worker, so a target that crashes on every case still gets a fresh
     # worker for each (xdist's default of 5 restarts left the rest of its cases unrun).
-    command += ["-n", str(max(1, workers)), f"--max-worker-restart={len(cases) + 1}"]
+    command += [f"--max-worker-restart={len(cases) + 1}"]
+    if tx:
+        # A remote worker does not inherit this environment: it gets the variables that matter here.
+        remote_env = "".join(f"//env:{name}=1" for name in ("PYTEST_DISABLE_PLUGIN_AUTOLOAD", "PYTHONDONTWRITEBYTECODE"))
+        specs = [spec + remote_env if _remote([spec]) else spec for spec in tx]
+        command += ["--dist", "load", *(f"--tx={spec}" for spec in specs)]
+        if _remote(tx):
+            # A worker on another host gets the session's case file and the harness by
+            # xdist's rsync; its records come back over xdist's channel (see the plugin).
+            repo = Path(__file__).resolve().parents[2]
+            command += [f"--rsyncdir={d}" for d in (case_dir, repo / "harness", repo / "cases", *(rsyncdirs or []))]
+    else:
+        command += ["-n", str(max(1, workers))]
     env = lifetime.session_env({**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
-    with open(case_dir / f"{safe}.log", "w") as log:
+    with open(case_dir / f"{safe}.log", "a" if attempt else "w") as log:
         # Own process group (stopped as a whole), and killed by the kernel if we die. The
         # pre-exec hook only calls prctl and getppid, safe between fork and exec.
         arm = functools.partial(lifetime.die_with_parent, os.getpid())
@@ -147,29 +171,43 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]], out_dir: Path, jsonl: Path,
-                  workers: int, progress: Callable[[str], None], case_timeout: float) -> dict[str, int]:
+                  workers: int, progress: Callable[[str], None], case_timeout: float,
+                  tx: list[str] | None = None, rsyncdirs: list[str] | None = None) -> dict[str, int]:
     """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
     seconds, so for ordinary selections the sessions run side by side, one worker each;
-    a session too large for that gets all the workers, one session at a time."""
-    large = any(len(cases) > LARGE_SESSION for _, cases, _ in plan)
+    a session too large for that gets all the workers, one session at a time. With xdist
+    `--tx` specs, each session gets those workers, one session at a time.
+
+    A worker that dies leaves the rest of its chunk of cases without records: when a
+    session ends so, a follow-up session runs its target's unrecorded cases, as long as
+    each session records at least one case."""
+    large = tx or any(len(cases) > LARGE_SESSION for _, cases, _ in plan)
     concurrent, per_session = (1, workers) if large else (max(1, workers), 1)
-    reader, pending, last = ProgressReader(jsonl), list(plan), ""
-    running: list[subprocess.Popen[bytes]] = []
+    reader, pending, last = ProgressReader(jsonl), [(t, c, r, 0) for t, c, r in plan], ""
+    running: dict[int, tuple[subprocess.Popen[bytes], tuple[targets.PreparedTarget, list[Case], dict[str, str], int]]]
+    running = {}
     exits: dict[str, int] = {}
-    started: dict[int, str] = {}
     reader.poll()
     baseline = dict(reader.done)
     totals = {t.spec: len(cases) for t, cases, _ in plan}
     try:
         while pending or running:
             while pending and len(running) < concurrent:
-                target, cases, roles = pending.pop(0)
-                running.append(_start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout))
-                started[running[-1].pid] = target.spec
-            time.sleep(0.5)
-            exits.update({started[p.pid]: p.returncode for p in running if p.poll() is not None})
-            running = [p for p in running if p.poll() is None]
-            reader.poll()
+                job = pending.pop(0)
+                target, cases, roles, attempt = job
+                process = _start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout, attempt,
+                                         tx, rsyncdirs)
+                running[process.pid] = (process, job)
+            time.sleep(0.2)
+            ended = [pid for pid, (process, _) in running.items() if process.poll() is not None]
+            reader.poll()  # after the exits: an ended session's records are all on disk
+            for pid in ended:
+                process, (target, cases, roles, attempt) = running.pop(pid)
+                exits[target.spec] = process.returncode
+                recorded = reader.case_ids.get(target.spec, set())
+                missing = [c for c in cases if c.case_id not in recorded]
+                if missing and len(missing) < len(cases):  # progress made: the rest get a fresh session
+                    pending.insert(0, (target, missing, roles, attempt + 1))
             if update := getattr(progress, "update", None):  # a live display (repro.progress.Progress)
                 for spec, total in totals.items():
                     update(spec, reader.done.get(spec, 0) - baseline.get(spec, 0), reader.verdicts.get(spec, {}), total)
@@ -181,7 +219,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                 last = line
     finally:
         # Interrupted (Ctrl-C, SIGTERM): stop the sessions; what they wrote stays in the JSONL.
-        _stop(running)
+        _stop([process for process, _ in running.values()])
     return exits
 
 
@@ -211,14 +249,17 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
                progress: Callable[[str], None] = print, case_timeout: float = CASE_TIMEOUT_S,
                role_override: Role | None = None, preset: str = "default",
                fork_config: str | None = None, selections: list[Selection] | None = None,
-               pairs: set[tuple[str | None, str]] | None = None) -> dict[str, Any]:
+               pairs: set[tuple[str | None, str]] | None = None, tx: list[str] | None = None,
+               rsyncdirs: list[str] | None = None) -> dict[str, Any]:
     """Run a matrix; `role_override` judges every target with one role (the sweep's unknown).
     A re-run passes its `selections` instead, and `pairs` (target or None for every target,
-    case id) keeps only the results it asks for."""
+    case id) keeps only the results it asks for. `tx`: pytest-xdist `--tx` specs for every
+    target session instead of `workers` local workers; `rsyncdirs`: more directories for
+    xdist to copy to remote workers."""
     if selections is None:
         selections = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}), preset=preset)
     by_target = plan_targets(selections, specs)
-    check_out_dir(out_dir)
+    rundir.check_writable(out_dir)
     prepared = {spec: targets.prepare(spec, cache, offline, fork_config) for spec in by_target}
     roles = {spec: {s.regression.id: (role_override, "given by the caller") if role_override
                     else role_of(s.regression, prepared[spec]) for s in chosen}
@@ -244,6 +285,7 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
              {rid: role.value for rid, (role, _) in roles[spec].items()}) for spec, chosen in by_target.items()]
     rundir.remove_stale(out_dir)
     jsonl = out_dir / "results.jsonl"
+    jsonl.touch()  # there from the start, even while the first case of every session is still running
     # Written first, so a run that dies can still say which results it is missing.
     expected_keys = [[target.spec, case.case_id] for target, cases, _ in plan for case in cases]
     rundir.write_atomic(out_dir / "run-meta.json", json.dumps({
@@ -253,7 +295,7 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
         progress(f"{target.spec}: {len(cases)} cases to run ({', '.join(f'{r} {v}' for r, v in target_roles.items())})")
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     try:
-        exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout)
+        exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout, tx, rsyncdirs)
     finally:
         signal.signal(signal.SIGTERM, previous)
     descriptions = {spec: _read_description(out_dir, target) for spec, target in prepared.items()}
@@ -267,7 +309,7 @@ def assemble(out_dir: Path, matrix: str, selections: list[Selection],
              plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]],
              roles: dict[str, dict[str, tuple[Role, str]]], excluded: dict[str, dict[str, int]],
              descriptions: dict[str, str]) -> dict[str, Any]:
-    found, problems = records.read_jsonl(out_dir / "results.jsonl")
+    found, problems = rundir.read_results(out_dir / "results.jsonl")
     by_key = {(r["target"], r["case_id"]): r for r in found}
     results = [by_key[(t.spec, c.case_id)] for t, cases, _ in plan for c in cases if (t.spec, c.case_id) in by_key]
     expected = sum(len(cases) for _, cases, _ in plan)

@@ -1,0 +1,67 @@
+"""Cases run in chunks (many cases per pytest item): a fault in one case is recorded
+against exactly that case, and every other case of the chunk still runs. Faults come
+from tests/fault_plugin.py; here every case of the selection is in one chunk."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cases.case import Case
+from cases.matrix import generate
+from harness.runner import sessions
+from tests.fault_plugin import ENV, PLUGIN
+
+MATRIX, ONLY, TARGET = "smoke", ["pipeline=rmsnorm"], "te-2.20.2"
+
+
+@pytest.fixture
+def one_chunk(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The selection's case ids, in the order its single chunk runs them."""
+    monkeypatch.setattr(sessions, "chunk_size", lambda cases, workers: 10_000)
+    monkeypatch.setenv("PYTEST_PLUGINS", PLUGIN)
+    ids = [c.case_id for s in generate(MATRIX, ONLY) for c in s.cases]
+    assert len(ids) >= 4
+    return ids
+
+
+def _run(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch, faults: dict[str, str],
+         case_timeout: float = 120) -> dict[str, dict]:
+    monkeypatch.setenv(ENV, json.dumps(faults))
+    run = sessions.run_matrix(MATRIX, ONLY, [TARGET], tmp_path, 1, cache, progress=lambda _: None,
+                              case_timeout=case_timeout)
+    assert run["complete"] and not run["not_run"]
+    return {r["case_id"]: r for r in run["results"]}
+
+
+def test_a_dead_worker_is_attributed_to_its_case_and_the_chunk_goes_on(tmp_path: Path, cache: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          one_chunk: list[str]) -> None:
+    dead = one_chunk[1]
+    results = _run(tmp_path, cache, monkeypatch, {dead: "segfault"})
+    assert results[dead]["outcome"] == "crash" and results[dead]["error"]["message"] == "worker died"
+    assert all(results[c]["outcome"] != "crash" for c in one_chunk if c != dead)
+    # The cases after it ran in a follow-up session, and only they.
+    follow_up = json.loads((tmp_path / "sessions" / f"{TARGET}.follow-up-1.cases.json").read_text())
+    assert [Case(**c).case_id for c in follow_up["cases"]] == one_chunk[2:]
+
+
+def test_a_hung_case_times_out_alone(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                     one_chunk: list[str]) -> None:
+    hung = one_chunk[1]
+    results = _run(tmp_path, cache, monkeypatch, {hung: "hang"}, case_timeout=5)
+    assert results[hung]["outcome"] == "crash" and results[hung]["error"]["message"] == "per-case timeout"
+    assert "fault_plugin.py" in results[hung]["error"]["traceback"]  # where it hung
+    assert all(results[c]["outcome"] != "crash" for c in one_chunk if c != hung)
+    assert not list((tmp_path / "sessions").glob("*follow-up*"))  # the alarm ended it; the worker lived on
+
+
+def test_a_case_deaf_to_the_alarm_is_ended_by_the_watchdog(tmp_path: Path, cache: Path,
+                                                           monkeypatch: pytest.MonkeyPatch,
+                                                           one_chunk: list[str]) -> None:
+    stuck = one_chunk[2]
+    results = _run(tmp_path, cache, monkeypatch, {stuck: "stuck"}, case_timeout=3)
+    assert results[stuck]["outcome"] == "crash" and results[stuck]["error"]["message"] == "per-case timeout"
+    assert all(results[c]["outcome"] != "crash" for c in one_chunk if c != stuck)
