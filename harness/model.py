@@ -60,6 +60,24 @@ class ErrorInfo(BaseModel):
     traceback: str | None = None
 
 
+class FrameInfo(BaseModel):
+    """One frame of a Megatron client's traceback, from megatron/core/, transformer_engine/ or torch/ on."""
+
+    file: str
+    line: int
+    function: str
+
+
+class FrameRow(BaseModel):
+    """One of the bug report's frames beside the frame observed for it."""
+
+    expected_file: str
+    expected_function: str
+    report_line: int | None = None
+    observed: str | None = None  # "file:line", or None when missing
+    in_order: bool
+
+
 class CaseResult(BaseModel):
     """One (case, target): the observation, the prediction and the verdict."""
 
@@ -82,6 +100,11 @@ class CaseResult(BaseModel):
     verdict_reason: str = ""
     note: str | None = None
     duration_s: float = 0.0
+    # The Megatron clients' crash only: its frames, the table against the report's, and
+    # whether it is the report's error.
+    frames: list[FrameInfo] | None = None
+    frame_table: list[FrameRow] | None = None
+    report_error: bool | None = None
 
 
 class TargetInfo(BaseModel):
@@ -100,6 +123,12 @@ class TargetInfo(BaseModel):
     role_reasons: dict[str, str] = {}
 
 
+class MegatronInfo(BaseModel):
+    spec: str  # a release ("0.19.0") or path:DIR
+    version: str
+    source: str
+
+
 class Environment(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -108,6 +137,7 @@ class Environment(BaseModel):
     platform: str
     machine: str
     targets: list[TargetInfo]
+    megatron: MegatronInfo | None = None  # the megatron-core the Megatron cases imported
 
 
 class RegressionInfo(BaseModel):
