@@ -15,14 +15,12 @@ The machine may be shared: the load average is printed with every figure.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
-import time
 from pathlib import Path
+
+from timed_run import timed_repro_run
 
 HERE = Path(__file__).resolve().parent.parent
 
@@ -33,16 +31,9 @@ def load() -> str:
 
 def repro_run(checkout: Path, only: list[str], extra: list[str]) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory(prefix="client-cost-") as tmp:
-        out = Path(tmp) / "run"
-        command = [sys.executable, "-m", "repro", "run", "--matrix", "issue22",
-                   *(a for o in only for a in ("--only", o)), *extra, "--out", str(out)]
-        started = time.perf_counter()
-        result = subprocess.run(command, cwd=checkout, capture_output=True, text=True, check=False)
-        wall = time.perf_counter() - started
-        if not (out / "run.json").is_file():
-            raise SystemExit(f"{checkout}: no run.json (exit {result.returncode}): {result.stderr.strip()[-500:]}")
-        run = json.loads((out / "run.json").read_text())
-        run["exit"] = result.returncode
+        args = ["--matrix", "issue22", *(a for o in only for a in ("--only", o)), *extra]
+        wall, exit_status, run = timed_repro_run(checkout, Path(tmp) / "run", args)
+        run["exit"] = exit_status
         return wall, run
 
 

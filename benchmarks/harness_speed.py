@@ -29,25 +29,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from timed_run import timed_repro_run
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def run_once(matrix: str, targets: str | None, workers: int, out: Path) -> dict[str, Any]:
     """Figure 1: `repro run` end to end."""
-    command = [sys.executable, "-m", "repro", "run", "--matrix", matrix, "--out", str(out), "-n", str(workers)]
-    command += ["--targets", targets] if targets else []
-    started = time.perf_counter()
-    result = subprocess.run(command, capture_output=True, text=True, check=False, cwd=REPO)
-    wall = time.perf_counter() - started
-    if not (out / "run.json").is_file():
-        raise SystemExit(f"repro run exited {result.returncode}: {result.stderr.strip()[-400:]}")
-    run = json.loads((out / "run.json").read_text())
+    args = ["--matrix", matrix, "-n", str(workers), *(["--targets", targets] if targets else [])]
+    wall, exit_status, run = timed_repro_run(REPO, out, args)
     startups: dict[str, dict[str, Any]] = {}
     for path in (out / "sessions").glob("*.startup.jsonl"):
         for line in path.read_text().splitlines():  # the last line of each worker holds all its figures
             entry = json.loads(line)
             startups[f"{path.name.removesuffix('.startup.jsonl')}/{entry['pid']}"] = entry
-    return {"wall_s": wall, "exit": result.returncode, "cases": len(run["results"]),
+    return {"wall_s": wall, "exit": exit_status, "cases": len(run["results"]),
             "cases_per_s": len(run["results"]) / wall, "sum_case_duration_s": sum(r["duration_s"] for r in run["results"]),
             "targets": [t["spec"] for t in run["environment"]["targets"]], "worker_startups": startups,
             "case_ids": {spec: [r["case_id"] for r in run["results"] if r["target"] == spec]

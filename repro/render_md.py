@@ -119,10 +119,18 @@ def _grid(run: dict[str, Any], regression: str, multiple: bool) -> list[str]:
     lines += [(f"{len(kept_rows)} of {len(rows)} rows (pipeline × input) and {len(kept_cols)} of {len(cols)} columns"
                f" (grad_mode × recompute) hold a failure; the rest pass everywhere. One symbol per target"
                f" ({', '.join(code(s) for s in specs)}), the worst outcome in the cell: {legend};"
-               " `!` a verdict that needs a look; blank: no such case."), ""]
-    headers = ["pipeline", "input", *(f"{g}<br>{r}" for g, r in kept_cols)]
-    body = [[code(r[0]), code(r[1]), *(f"`{texts[r, c]}`" if (r, c) in texts else "" for c in kept_cols)]
-            for r in kept_rows]
+               " `!` a verdict that needs a look; blank: no such case. Pipelines with the same cells"
+               " for an input share a row."), ""]
+    # Pipelines whose cells are the same for one input share a row: the table stays short as
+    # the pipeline catalogue grows, and a pipeline that behaves differently stands out.
+    merged: dict[tuple[str, tuple[str, ...]], list[str]] = {}
+    for pipeline, input_kind in kept_rows:
+        cells_of_row = tuple(f"`{texts[(pipeline, input_kind), c]}`" if ((pipeline, input_kind), c) in texts else ""
+                             for c in kept_cols)
+        merged.setdefault((input_kind, cells_of_row), []).append(pipeline)
+    headers = ["pipelines", "input", *(f"{g}<br>{r}" for g, r in kept_cols)]
+    body = [[", ".join(code(p) for p in pipelines), code(input_kind), *cells_of_row]
+            for (input_kind, cells_of_row), pipelines in merged.items()]
     return lines + [*table(headers, body), ""]
 
 

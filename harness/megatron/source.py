@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.targets.sources import _pip, check_wheel_members, file_lock
+from harness.targets.sources import _pip, check_wheel_members, file_lock, wheel_version
 
 PACKAGE = "megatron-core"
 DEFAULT_VERSION = "0.19.0"
@@ -92,14 +92,6 @@ def _unpack(wheel: Path, cache: Path, key: str) -> Path:
     return final
 
 
-def _wheel_version(root: Path) -> str:
-    for metadata in root.glob("megatron_core-*.dist-info/METADATA"):
-        for line in metadata.read_text().splitlines():
-            if line.startswith("Version:"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def _checkout_version(root: Path) -> str:
     """A checkout's version, from Megatron's own package_info.py (read, not imported)."""
     info = root / "megatron/core/package_info.py"
@@ -128,4 +120,4 @@ def prepare_megatron(spec: str, cache: Path, offline: bool = False) -> PreparedM
         return PreparedMegatron(spec, _checkout_version(root), str(root), str(root))
     wheel = _fetch_wheel(spec, cache, offline)
     root = _unpack(wheel, cache, f"megatron-core-{spec}")
-    return PreparedMegatron(spec, _wheel_version(root), wheel.name, str(root))
+    return PreparedMegatron(spec, wheel_version(root, "megatron_core"), wheel.name, str(root))

@@ -224,8 +224,9 @@ def unpack_wheel(wheel: Path, cache: Path, key: str) -> Path:
     return final
 
 
-def wheel_version(root: Path) -> str:
-    for metadata in root.glob("transformer_engine-*.dist-info/METADATA"):
+def wheel_version(root: Path, distribution: str = "transformer_engine") -> str:
+    """The version in an unpacked wheel's METADATA."""
+    for metadata in root.glob(f"{distribution}-*.dist-info/METADATA"):
         for line in metadata.read_text().splitlines():
             if line.startswith("Version:"):
                 return line.split(":", 1)[1].strip()

@@ -1,0 +1,22 @@
+"""One `repro run` from a checkout, timed end to end: shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def timed_repro_run(checkout: Path, out: Path, args: list[str]) -> tuple[float, int, dict[str, Any]]:
+    """`python -m repro run ARGS --out OUT` in `checkout`: wall seconds, exit status, run.json."""
+    command = [sys.executable, "-m", "repro", "run", *args, "--out", str(out)]
+    started = time.perf_counter()
+    result = subprocess.run(command, cwd=checkout, capture_output=True, text=True, check=False)
+    wall = time.perf_counter() - started
+    if not (out / "run.json").is_file():
+        raise SystemExit(f"{checkout}: repro run wrote no run.json (exit {result.returncode}): "
+                         f"{result.stderr.strip()[-500:]}")
+    return wall, result.returncode, json.loads((out / "run.json").read_text())
