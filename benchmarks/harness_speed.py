@@ -34,9 +34,10 @@ from timed_run import timed_repro_run
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_once(matrix: str, targets: str | None, workers: int, out: Path) -> dict[str, Any]:
+def run_once(matrix: str, targets: str | None, workers: int, out: Path, only: list[str]) -> dict[str, Any]:
     """Figure 1: `repro run` end to end."""
-    args = ["--matrix", matrix, "-n", str(workers), *(["--targets", targets] if targets else [])]
+    args = ["--matrix", matrix, "-n", str(workers), *(["--targets", targets] if targets else []),
+            *(a for o in only for a in ("--only", o))]
     wall, exit_status, run = timed_repro_run(REPO, out, args)
     startups: dict[str, dict[str, Any]] = {}
     for path in (out / "sessions").glob("*.startup.jsonl"):
@@ -120,6 +121,8 @@ def _startup_line(label: str, entries: list[dict[str, Any]]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--matrix", default="issue22")
+    parser.add_argument("--only", action="append", default=[], metavar="AXIS=V[,V]",
+                        help="repro run's --only (e.g. client=ops); repeatable")
     parser.add_argument("--targets", help="comma-separated specs (default: the matrix's own default targets)")
     parser.add_argument("-n", "--workers", type=int, default=min(2, os.cpu_count() or 1),
                         help="repro run's -n; also the parallelism the floor is spread over")
@@ -134,7 +137,7 @@ def main() -> int:
         return 0
     figures: dict[str, Any] = {"load_average_before": os.getloadavg(), "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
-        run = run_once(args.matrix, args.targets, args.workers, Path(tmp) / "run")
+        run = run_once(args.matrix, args.targets, args.workers, Path(tmp) / "run", args.only)
     figures["run"] = {k: v for k, v in run.items() if k != "case_ids"}
     figures["load_average_mid"] = os.getloadavg()
     figures["floor"] = floor(run["case_ids"], threads=1)
@@ -153,7 +156,8 @@ def main() -> int:
 
     print(f"machine: {figures['cpus']} CPUs; load average (1 min) before {figures['load_average_before'][0]:.2f}, "
           f"after the run {figures['load_average_mid'][0]:.2f}, at the end {figures['load_average_after'][0]:.2f}")
-    print(f"repro run --matrix {args.matrix} -n {args.workers}: {run['wall_s']:.1f} s wall, {run['cases']} cases over "
+    only = "".join(f" --only {o}" for o in args.only)
+    print(f"repro run --matrix {args.matrix}{only} -n {args.workers}: {run['wall_s']:.1f} s wall, {run['cases']} cases over "
           f"{len(run['targets'])} targets ({', '.join(run['targets'])}): {run['cases_per_s']:.0f} cases/s; "
           f"the records' own durations sum to {run['sum_case_duration_s']:.1f} s; exit {run['exit']}")
     ran = sum(f["cases"] for f in figures["floor"])
