@@ -155,7 +155,8 @@ def render_html(run: dict[str, Any]) -> str:
         env=environment, roles={s: reports.role_text(run, s) for s in reports.target_specs(run)},
         excluded=run.get("excluded") or {}, verdicts=reports.verdict_rows(run, with_time=True),
         totals=reports.totals_rows(run, with_time=False), groups=groups,
-        attention=reports.needs_attention(run), frame_tables=reports.frame_tables(run), perf=_perf(run.get("perf")), problems=run.get("problems") or [],
+        attention=reports.needs_attention(run), frame_tables=reports.frame_tables(run), perf=_perf(run.get("perf")),
+        problems=run.get("problems") or [],
         csp=csp,
         # Our own files, and JSON escaped by json_for_script: the only unescaped inserts.
         css=Markup(css), js=Markup(js), data_json=Markup(json_for_script(grid_data(run))))

@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from unittest import mock
 
 from tabulate import tabulate
 
@@ -58,12 +57,14 @@ def megatron_for_run(spec: str | None, selections: list, out_dir: Path, cache: P
     refused before anything is written); None when no selected case imports Megatron."""
     if spec is not None:
         check_megatron_spec(spec)
-        if spec.startswith("path:"):  # cheap to check whether it is used or not
-            prepare_megatron(spec, cache, offline)
-    if not any(needs_megatron(case) for selection in selections for case in selection.cases):
+    needed = any(needs_megatron(case) for selection in selections for case in selection.cases)
+    given_path = spec is not None and spec.startswith("path:")
+    if not (needed or given_path):  # a release is fetched only when a case imports it
         return None
-    prepared = prepare_megatron(spec or DEFAULT_VERSION, cache, offline)
-    if prepared.spec.startswith("path:"):
+    prepared = prepare_megatron(spec or DEFAULT_VERSION, cache, offline)  # a path: is checked either way
+    if not needed:
+        return None
+    if given_path:
         rundir.check_out_location(out_dir, [Path(prepared.root)], cache)
     return prepared
 
@@ -74,8 +75,15 @@ def megatron_env(megatron: PreparedMegatron | None) -> Iterator[None]:
     if megatron is None:
         yield
         return
-    with mock.patch.dict(os.environ, {MEGATRON_ENV: megatron.to_json()}):
+    before = os.environ.get(MEGATRON_ENV)
+    os.environ[MEGATRON_ENV] = megatron.to_json()
+    try:
         yield
+    finally:
+        if before is None:
+            del os.environ[MEGATRON_ENV]
+        else:
+            os.environ[MEGATRON_ENV] = before
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -160,6 +168,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
           f"{result['first_fixed'] or 'none in the range'} (declared: {regression.first_fixed})")
     if result["not_monotonic"]:
         print(f"not monotonic: reproduces again in {', '.join(result['not_monotonic'])} after a release that passed")
+    if reason := incomplete_reason(result["run"]):  # first and last releases named from partial results
+        print(f"repro: {reason}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -179,10 +179,39 @@ def test_zip_slip_megatron_wheel_is_refused(tmp_path: Path) -> None:
     wheels = tmp_path / "wheels"
     wheels.mkdir()
     with zipfile.ZipFile(wheels / "megatron_core-0.0.1-cp312-cp312-manylinux_2_28_x86_64.whl", "w") as archive:
+        archive.writestr("megatron_core-0.0.1.dist-info/RECORD", "")  # a whole wheel, but for the member below
         archive.writestr("../../escaped.py", "x = 1\n")
     with pytest.raises(UsageError, match="points outside"):
         prepare_megatron("0.0.1", tmp_path, offline=True)
     assert not (tmp_path.parent / "escaped.py").exists() and not list((tmp_path / "src").glob("*/**/*.py"))
+
+
+def _private_megatron_cache(tmp_path: Path, megatron: PreparedMegatron) -> Path:
+    private = tmp_path / "cache"
+    (private / "wheels").mkdir(parents=True)
+    shutil.copy2(Path(megatron.root).parent.parent / "wheels" / megatron.source, private / "wheels")
+    return private
+
+
+def test_damaged_unpacked_megatron_is_unpacked_again(tmp_path: Path, megatron: PreparedMegatron) -> None:
+    private = _private_megatron_cache(tmp_path, megatron)
+    root = Path(prepare_megatron(DEFAULT_VERSION, private, offline=True).root)
+    layer = root / "megatron/core/transformer/transformer_layer.py"
+    good = layer.read_bytes()
+    layer.write_bytes(good.replace(b"def _forward_attention", b"def _edited_in_the_cache"))
+    (root / "megatron/core/tensor_parallel/random.py").unlink()
+    again = Path(prepare_megatron(DEFAULT_VERSION, private, offline=True).root)
+    assert (again / "megatron/core/transformer/transformer_layer.py").read_bytes() == good
+    assert (again / "megatron/core/tensor_parallel/random.py").is_file()
+
+
+def test_truncated_megatron_wheel_is_refused_with_what_to_delete(tmp_path: Path, megatron: PreparedMegatron) -> None:
+    private = _private_megatron_cache(tmp_path, megatron)
+    wheel = next((private / "wheels").glob("megatron_core-*.whl"))
+    wheel.write_bytes(wheel.read_bytes()[:100_000])
+    with pytest.raises(UsageError, match="damaged.*delete it"):
+        prepare_megatron(DEFAULT_VERSION, private, offline=True)
+    assert not (private / "src").exists() or not any((private / "src").iterdir())
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from harness.errors import UsageError
+from harness.runner import sweep
 from harness.runner.sweep import first_affected, first_fixed, not_monotonic, releases_in_range
+from repro.cli import main
 from tests.conftest import repro
 
 
@@ -48,3 +50,14 @@ def test_sweep_names_2_16_0(tmp_path: Path) -> None:
     assert "first affected release: before 2.15.0" in result.stdout
     row = next(line.split() for line in result.stdout.splitlines() if line.startswith("2.15.0"))
     assert row[1:6] == ["4", "4", "0", "0", "0"]  # affected, reproduced, failed otherwise, passed, others
+
+
+def test_sweep_missing_results_exits_1(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """A sweep whose sessions lost results names its releases from what it has, and fails."""
+    lost = {"target": "te-2.16.0", "case_id": "issue22:x", "reason": "its session exited with status 1"}
+    partial = {"rows": [], "first_affected": None, "first_fixed": None, "not_monotonic": [],
+               "run": {"results": [], "complete": False, "missing": 1, "not_run": [lost]}}
+    monkeypatch.setattr(sweep, "sweep", lambda *args, **kwargs: partial)
+    assert main(["sweep", "--matrix", "issue22", "--out", str(tmp_path / "sweep"), "--offline"]) == 1
+    assert "INCOMPLETE run: 1 case results missing (te-2.16.0: 1)" in capsys.readouterr().err

@@ -3,23 +3,20 @@
 `--megatron VERSION` fetches that release of `megatron-core` with `pip download --no-deps`.
 Releases from 0.17 on are published for CPython 3.12 only; the modules the harness runs are
 pure Python and run on 3.11, so the wheel is asked for with 3.12's tags, and only its files
-are used (nothing is installed). The fetch and the unpack reuse the TE source helpers: a
-per-version lock, a zip-slip check, and an atomic rename.
+are used (nothing is installed). The fetch and the unpack are the TE wheels' own
+(harness/targets/sources.py): a per-version lock, a zip-slip check, an atomic rename, a damaged
+wheel fetched again, and the unpacked tree checked against the wheel's RECORD on every use.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
-import tempfile
-import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.targets.sources import _pip, check_wheel_members, file_lock, wheel_version
+from harness.targets.sources import Distribution, fetch_wheel, unpack_wheel, wheel_version
 
 PACKAGE = "megatron-core"
 DEFAULT_VERSION = "0.19.0"
@@ -27,6 +24,7 @@ MARKER = Path("megatron/core/extensions/transformer_engine.py")  # the file the 
 # The tags of the wheels 0.17+ publish; the Python code is the same for every tag.
 WHEEL_TAGS = ("--python-version", "3.12", "--implementation", "cp", "--abi", "cp312",
               "--platform", "manylinux_2_28_x86_64")
+MEGATRON = Distribution(PACKAGE, MARKER, "a megatron-core release with TE extensions", WHEEL_TAGS)
 VERSION = r"\d+\.\d+\.\d+(?:(?:rc|\.post|\.dev)\d+)?"
 SPEC_FORMS = "a megatron-core version (e.g. 0.19.0) or path:<dir holding megatron/core>"
 
@@ -46,50 +44,6 @@ class PreparedMegatron:
     @classmethod
     def from_json(cls, text: str) -> PreparedMegatron:
         return cls(**json.loads(text))
-
-
-def _fetch_wheel(version: str, cache: Path, offline: bool) -> Path:
-    wheels = cache / "wheels"
-    pattern = f"megatron_core-{version}-*.whl"
-    if existing := sorted(wheels.glob(pattern)):
-        return existing[0]
-    if offline:
-        raise UsageError(f"megatron-core {version} is not in the cache ({wheels}); run once without --offline")
-    with file_lock(cache / "locks" / f"wheel-megatron-core-{version}.lock"):
-        if existing := sorted(wheels.glob(pattern)):
-            return existing[0]
-        wheels.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            result = _pip("download", "--no-deps", "--only-binary=:all:", *WHEEL_TAGS, "-q", "-d", tmp,
-                          f"{PACKAGE}=={version}")
-            downloaded = list(Path(tmp).glob("*.whl"))
-            if result.returncode != 0 or not downloaded:
-                last = (result.stderr.strip().splitlines() or ["pip gave no reason"])[-1]
-                raise UsageError(f"could not download {PACKAGE}=={version}: {last}; valid: {SPEC_FORMS}")
-            final = wheels / downloaded[0].name
-            os.replace(downloaded[0], final)
-    return final
-
-
-def _unpack(wheel: Path, cache: Path, key: str) -> Path:
-    final = cache / "src" / key
-    if (final / MARKER).is_file():
-        return final
-    with file_lock(cache / "locks" / f"src-{key}.lock"):
-        if (final / MARKER).is_file():
-            return final
-        final.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{key}-") as tmp:
-            staged = Path(tmp) / "tree"
-            check_wheel_members(wheel, staged)
-            with zipfile.ZipFile(wheel) as archive:
-                archive.extractall(staged)
-            if not (staged / MARKER).is_file():
-                raise UsageError(f"wheel {wheel.name} has no {MARKER}: not a megatron-core release with TE extensions")
-            if final.exists():
-                shutil.rmtree(final)
-            staged.rename(final)
-    return final
 
 
 def _checkout_version(root: Path) -> str:
@@ -118,6 +72,6 @@ def prepare_megatron(spec: str, cache: Path, offline: bool = False) -> PreparedM
         if not (root / MARKER).is_file():
             raise UsageError(f"{spec} is not a Megatron checkout: it has no {MARKER}; valid: {SPEC_FORMS}")
         return PreparedMegatron(spec, _checkout_version(root), str(root), str(root))
-    wheel = _fetch_wheel(spec, cache, offline)
-    root = _unpack(wheel, cache, f"megatron-core-{spec}")
-    return PreparedMegatron(spec, wheel_version(root, "megatron_core"), wheel.name, str(root))
+    wheel = fetch_wheel(spec, cache, offline, MEGATRON)
+    root = unpack_wheel(wheel, cache, f"megatron-core-{spec}", MEGATRON)
+    return PreparedMegatron(spec, wheel_version(root, MEGATRON), wheel.name, str(root))

@@ -21,6 +21,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import UsageError
@@ -28,6 +29,26 @@ from harness.errors import UsageError
 CACHE_ENV = "TE_REPRO_CACHE"
 PACKAGE = "transformer-engine"
 FUSER_RELPATH = Path("transformer_engine/pytorch/ops/fuser.py")
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """A package whose release wheels are sources under test: fetched, checked and unpacked alike."""
+
+    package: str  # the name on the package index
+    marker: Path  # a file every usable release has
+    what: str  # what the marker proves, for the refusal
+    pip_tags: tuple[str, ...] = ()  # `pip download` tags, for wheels built for another Python
+
+    @property
+    def dist_name(self) -> str:  # the wheel's and its .dist-info's name
+        return self.package.replace("-", "_")
+
+    def label(self, version: str) -> str:
+        return f"te-{version}" if self.package == PACKAGE else f"{self.package} {version}"
+
+
+TE = Distribution(PACKAGE, FUSER_RELPATH, "a TE release with the op fuser")
 
 
 def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
@@ -94,9 +115,9 @@ def _pip(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "pip", *args], capture_output=True, text=True, check=False)
 
 
-def index_versions() -> list[str]:
-    """The transformer-engine releases the package index serves, newest first."""
-    result = _pip("index", "versions", PACKAGE)
+def index_versions(package: str = PACKAGE) -> list[str]:
+    """The releases of `package` the package index serves, newest first."""
+    result = _pip("index", "versions", package)
     match = re.search(r"Available versions: (.+)", result.stdout)
     if result.returncode != 0 or not match:
         return []
@@ -117,40 +138,43 @@ def _wheel_damage(wheel: Path) -> str | None:
     return None
 
 
-def fetch_wheel(version: str, cache: Path, offline: bool) -> Path:
+def fetch_wheel(version: str, cache: Path, offline: bool, dist: Distribution = TE) -> Path:
     """The cached wheel for a release, downloading it first unless offline. A damaged
     cached wheel is deleted and fetched again; offline, it is refused with what to delete."""
     wheels = cache / "wheels"
-    existing = sorted(wheels.glob(f"transformer_engine-{version}-*.whl"))
+    pattern = f"{dist.dist_name}-{version}-*.whl"
+    lock = cache / "locks" / f"wheel-{dist.package}-{version}.lock"
+    existing = sorted(wheels.glob(pattern))
     if existing:
         damage = _wheel_damage(existing[0])
         if damage is None:
             return existing[0]
         if offline:
             raise UsageError(f"cached wheel {existing[0]} is damaged ({damage}); delete it, then run without --offline")
-        with file_lock(cache / "locks" / f"wheel-{version}.lock"):
+        with file_lock(lock):
             if existing[0].exists() and _wheel_damage(existing[0]) is not None:
                 existing[0].unlink()
     if offline:
         raise UsageError(
-            f"te-{version} is not in the cache ({wheels}); run once without --offline to fetch "
-            f"{PACKAGE}=={version}, or put its wheel there"
+            f"{dist.label(version)} is not in the cache ({wheels}); run once without --offline to fetch "
+            f"{dist.package}=={version}, or put its wheel there"
         )
-    with file_lock(cache / "locks" / f"wheel-{version}.lock"):
-        existing = sorted(wheels.glob(f"transformer_engine-{version}-*.whl"))
+    with file_lock(lock):
+        existing = sorted(wheels.glob(pattern))
         if existing:  # another run fetched it while we waited
             return existing[0]
         wheels.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
-            result = _pip("download", "--no-deps", "--only-binary=:all:", "-q", "-d", tmp, f"{PACKAGE}=={version}")
+            result = _pip("download", "--no-deps", "--only-binary=:all:", *dist.pip_tags, "-q", "-d", tmp,
+                          f"{dist.package}=={version}")
             downloaded = list(Path(tmp).glob("*.whl"))
             if result.returncode != 0 or not downloaded:
                 if "No matching distribution" in result.stderr or "from versions" in result.stderr:
-                    known = index_versions()
+                    known = index_versions(dist.package)
                     valid = ", ".join(known[:12]) + (" ..." if len(known) > 12 else "")
-                    raise UsageError(f"{PACKAGE}=={version} is not on the package index; valid versions: {valid}")
+                    raise UsageError(f"{dist.package}=={version} is not on the package index; valid versions: {valid}")
                 last = (result.stderr.strip().splitlines() or ["pip gave no reason"])[-1]
-                raise UsageError(f"could not download {PACKAGE}=={version}: {last}")
+                raise UsageError(f"could not download {dist.package}=={version}: {last}")
             damage = _wheel_damage(downloaded[0])
             if damage:
                 raise UsageError(f"the downloaded wheel {downloaded[0].name} is damaged ({damage})")
@@ -173,10 +197,10 @@ def _record_digest(data: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
-def record_mismatch(root: Path) -> str | None:
+def record_mismatch(root: Path, dist: Distribution = TE) -> str | None:
     """Check an unpacked wheel against its own RECORD (every listed file present, with the
     listed sha256 and size); say what is wrong, or None when the tree is as shipped."""
-    records = list(root.glob("transformer_engine-*.dist-info/RECORD"))
+    records = list(root.glob(f"{dist.dist_name}-*.dist-info/RECORD"))
     if len(records) != 1:
         return "its .dist-info/RECORD is missing"
     for row in csv.reader(io.StringIO(records[0].read_text(errors="replace"))):
@@ -187,19 +211,19 @@ def record_mismatch(root: Path) -> str | None:
             return f"{row[0]} is missing"
         if _record_digest(path.read_bytes()) != row[1]:
             return f"{row[0]} differs from the wheel's RECORD"
-    if not (root / FUSER_RELPATH).is_file():
-        return f"{FUSER_RELPATH} is missing"
+    if not (root / dist.marker).is_file():
+        return f"{dist.marker} is missing"
     return None
 
 
-def unpack_wheel(wheel: Path, cache: Path, key: str) -> Path:
+def unpack_wheel(wheel: Path, cache: Path, key: str, dist: Distribution = TE) -> Path:
     """Unpack a wheel into cache/src/<key> once; later calls reuse the tree after checking
     it against the wheel's RECORD, and unpack it again when it was damaged."""
     final = cache / "src" / key
-    if final.is_dir() and record_mismatch(final) is None:
+    if final.is_dir() and record_mismatch(final, dist) is None:
         return final
     with file_lock(cache / "locks" / f"src-{key}.lock"):
-        if final.is_dir() and record_mismatch(final) is None:
+        if final.is_dir() and record_mismatch(final, dist) is None:
             return final
         final.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{key}-") as tmp:
@@ -209,14 +233,14 @@ def unpack_wheel(wheel: Path, cache: Path, key: str) -> Path:
                     archive.extractall(tmp)
             except (zipfile.BadZipFile, OSError, EOFError) as exc:
                 raise UsageError(f"cached wheel {wheel} is damaged ({type(exc).__name__}: {exc}); delete it") from None
-            if not (Path(tmp) / FUSER_RELPATH).is_file():
-                raise UsageError(f"wheel {wheel.name} has no {FUSER_RELPATH}: not a TE release with the op fuser")
+            if not (Path(tmp) / dist.marker).is_file():
+                raise UsageError(f"wheel {wheel.name} has no {dist.marker}: not {dist.what}")
             staged = Path(tmp) / "tree"
             staged.mkdir()
             for child in list(Path(tmp).iterdir()):
                 if child != staged:
                     child.rename(staged / child.name)
-            if (problem := record_mismatch(staged)) is not None:
+            if (problem := record_mismatch(staged, dist)) is not None:
                 raise UsageError(f"wheel {wheel} does not match its own RECORD ({problem}); delete it")
             if final.exists():
                 shutil.rmtree(final)
@@ -224,9 +248,9 @@ def unpack_wheel(wheel: Path, cache: Path, key: str) -> Path:
     return final
 
 
-def wheel_version(root: Path, distribution: str = "transformer_engine") -> str:
+def wheel_version(root: Path, dist: Distribution = TE) -> str:
     """The version in an unpacked wheel's METADATA."""
-    for metadata in root.glob(f"{distribution}-*.dist-info/METADATA"):
+    for metadata in root.glob(f"{dist.dist_name}-*.dist-info/METADATA"):
         for line in metadata.read_text().splitlines():
             if line.startswith("Version:"):
                 return line.split(":", 1)[1].strip()
