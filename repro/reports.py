@@ -134,6 +134,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     missing = run.get("missing") or 0
     complete = bool(run.get("complete", True)) and not missing
     reasons = [f"{verdicts[v]} {v}" for v in BAD_VERDICTS if verdicts[v]]
+    reasons += [p["problem"] for p in run.get("target_problems") or []]
     if not complete:
         reasons.append(f"incomplete: {missing if run.get('missing') is not None else 'unknown number of'}"
                        " results missing")

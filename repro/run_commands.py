@@ -134,8 +134,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         if megatron is not None:
             run["environment"]["megatron"] = {"spec": megatron.spec, "version": megatron.version,
                                               "source": megatron.source}
-        run.setdefault("started_at", datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"))
-        run.setdefault("elapsed_s", round(time.time() - started, 1))
+        # The model stores both as None; set them (setdefault would keep the None).
+        run["started_at"] = run.get("started_at") or datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
+        run["elapsed_s"] = round(time.time() - started, 1)
         run["summary"] = summarize(run)
         rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
         paths = write_all_formats(run, out_dir)
