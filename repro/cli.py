@@ -93,6 +93,7 @@ EXAMPLES = {
     "regressions": "repro regressions",
     "schema": "repro schema > run.schema.json",
     "bench": "repro bench --matrix smoke --targets te-2.13.0,te-2.16.0",
+    "review": "repro review --base path:../fork@HEAD~1 --head path:../fork@HEAD",
 }
 
 
@@ -142,9 +143,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "megatron_norm: megatron_checkpoint (default), none")
     p.set_defaults(func=cmd_minimal)
 
-    from repro import bench_commands, exec_command, report_commands, run_commands
+    from repro import bench_commands, exec_command, report_commands, review_commands, run_commands
 
-    for commands in (run_commands, report_commands, exec_command, bench_commands):
+    for commands in (run_commands, report_commands, exec_command, bench_commands, review_commands):
         commands.add_parsers(sub, common)
     for name, subparser in sub.choices.items():
         subparser.formatter_class = HelpFormatter

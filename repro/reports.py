@@ -182,7 +182,7 @@ def provenance_text(target: dict[str, Any]) -> str:
     if not git.get("git_commit"):
         return ""
     branch = git.get("git_branch", "?")
-    where = branch if branch.startswith("detached at") else f"on {branch}"
+    where = branch if branch.startswith("detached at") else f"({branch})" if git.get("revision") else f"on {branch}"
     return f"git {git['git_commit'][:12]} {where}, {git.get('git_state', '?')}"
 
 
