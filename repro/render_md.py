@@ -174,23 +174,26 @@ def _attention(run: dict[str, Any]) -> list[str]:
     return lines + [""]
 
 
-def _targets(run: dict[str, Any]) -> list[str]:
-    """Each target's provenance, patch and role with the reason for it; warnings first."""
+def _warnings(run: dict[str, Any]) -> list[str]:
+    """A dirty tree, a patch that does not apply: one line each, under the verdict."""
     lines = [f"> **{plain(w)}**" for w in reports.dirty_warnings(run)]
     lines += [f"> **{plain(p['problem'])}**" for p in run.get("target_problems") or []]
-    if lines:
-        lines.append("")
-    lines.append("## Targets")
+    return lines + [""] if lines else []
+
+
+def _targets(run: dict[str, Any]) -> list[str]:
+    """Each target's provenance, patch and role with the reason for it, folded."""
+    body = []
     for target in run["environment"]["targets"]:
         facts = [f"version {code(target['version'], False)}"]
         if provenance := reports.provenance_text(target):
             facts.append(plain(provenance))
         if target.get("patch"):
             facts.append("patch " + plain(reports.patch_text(target)))
-        lines.append(f"- {code(target['spec'], False)} ({'; '.join(facts)})")
-        lines += [f"  - {plain(reg)}: **{plain(role)}**" + (f" — {plain(why)}" if why else "")
-                  for spec, reg, role, why in reports.role_reasons(run) if spec == target["spec"]]
-    return lines + [""]
+        body.append(f"- {code(target['spec'], False)} ({'; '.join(facts)})")
+        body += [f"  - {plain(reg)}: **{plain(role)}** — {plain(why or 'no reason stored')}"
+                 for spec, reg, role, why in reports.role_reasons(run) if spec == target["spec"]]
+    return details("Targets: provenance, patch and why each has its role", body)
 
 
 def _frame_tables(run: dict[str, Any]) -> list[str]:
@@ -271,10 +274,11 @@ def _render(run: dict[str, Any], reviewed: bool) -> str:
                    " is the same on every machine. CI regenerates it and compares."), ""]
     if note := reports.incomplete_note(run):
         lines += [f"> **{note}**", ""]
-    lines += status_block(run, reviewed) + _attention(run) + _verdicts(run, reviewed) + _targets(run)
+    lines += status_block(run, reviewed) + _warnings(run) + _attention(run) + _verdicts(run, reviewed)
     regressions = reports.regression_ids(run)
     for regression in regressions:
         lines += _grid(run, regression, len(regressions) > 1)
+    lines += _targets(run)
     lines += _frame_tables(run) + _failures(run) + _environment(run, reviewed)
     if run.get("perf") and not reviewed:
         lines += render_perf(run["perf"])
@@ -310,8 +314,7 @@ def render_step_summary(run: dict[str, Any], paths: dict[str, str] | None = None
     lines = [f"### repro run `{run.get('matrix', '?')}`", ""]
     if note := reports.incomplete_note(run):
         lines += [f"> **{note}**", ""]
-    lines += status_block(run) + _verdicts(run, reviewed=True)[1:] + _attention(run)
-    lines += [f"> **{plain(w)}**" for w in reports.dirty_warnings(run)]
+    lines += status_block(run) + _warnings(run) + _verdicts(run, reviewed=True)[1:] + _attention(run)
     if paths:
         lines += ["Reports: " + ", ".join(code(p, False) for p in paths.values()), ""]
     return fit("\n".join(lines).rstrip("\n") + "\n") + "\n"
