@@ -46,6 +46,16 @@ def target_state(run: dict[str, Any], spec: str, regression: str) -> dict[str, A
             "affected": len(affected), "failing": failing, "bad": dict(bad), "said": said}
 
 
+def observed_advice(assessment: dict[str, Any], head: dict[str, Any]) -> str:
+    """The patch's advice, with what the head did: a patch that conflicts where no marker finds
+    the fix, on a head that passes every affected case, may meet a fix in a form we do not know."""
+    if assessment["text"] == "conflict" and head["affected"] and not head["failing"]:
+        return (f"{assessment['advice']}; yet the head passes every one of its {head['affected']} affected cases:"
+                " the fix may be there in a form no marker knows; look, then add a marker to"
+                f" patches/{assessment['patch']}.toml or drop the backport")
+    return assessment["advice"]
+
+
 def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     """The review as data (review.json); `assessed` holds each tree's patch assessments."""
     comparison = diff.compare(_only(run, base), _only(run, head), [(base, head)])
@@ -64,7 +74,7 @@ def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[d
             "id": rid, "title": info.get("title", ""), "upstream": info.get("upstream", ""),
             "first_fixed": info.get("first_fixed"), "base": target_state(run, base, rid),
             "head": target_state(run, head, rid), "patches": patches, "patched": patched,
-            "advice": [a["advice"] for a in patches["head"]],
+            "advice": [observed_advice(a, target_state(run, head, rid)) for a in patches["head"]],
             "drop_backport": [a["patch"] for a in patches["head"] if "drop the backport" in a["advice"]],
             "unmet": unmet(run, rid)})
     head_bad = Counter(r["verdict"] for r in run["results"] if r["target"] in head_specs

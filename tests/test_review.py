@@ -219,3 +219,32 @@ def test_reports_of_hundreds_of_failures_fit_a_pull_request() -> None:
         assert len(text) < PR_LIMIT, (fmt, len(text))  # each case was listed: well over 65,536 characters
         assert text.splitlines()[2].startswith("**❌ FAIL**: ")  # the verdict first, after the title
         assert "## Needs a look (400), 150 signatures" in text and "see report.html" in text
+
+
+# ---- provenance in every report ----
+
+def test_provenance_and_a_dirty_tree_reach_every_report(tmp_path: Path) -> None:
+    from repro.progress import status_line
+
+    tree = tmp_path / "tree"
+    shutil.copytree(Path(_prepare("te-2.13.0").root) / "transformer_engine", tree / "transformer_engine")
+    git(tree, "init", "-q", "-b", "main")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "import")
+    commit = git(tree, "rev-parse", "HEAD")
+    git(tree, "checkout", "-q", "--detach")
+    (tree / FUSER).write_text((tree / FUSER).read_text() + "\n# local edit\n")
+    prepared = _prepare(f"path:{tree}")
+    assert prepared.provenance == {"git_commit": commit, "git_branch": f"detached at {commit[:12]}",
+                                   "git_state": "dirty"}  # a detached HEAD read "on HEAD"
+    run = json.loads((REPO / "tests/fixtures/run-small/run.json").read_text())
+    run["environment"]["targets"][0]["provenance"] = prepared.provenance
+    run["environment"]["targets"][0]["role_reasons"] = {"issue22": "a reason to show"}
+    said = f"git {commit[:12]} detached at {commit[:12]}, dirty"
+    warning = f"WARNING: {run['environment']['targets'][0]['spec']} is a dirty tree"
+    md, html, junit = (reports.render(run, fmt) for fmt in ("md", "html", "junit"))
+    assert said in md and warning in md and "a reason to show" in md
+    assert said in html and warning in html and "a reason to show" in html
+    assert f'name="git_commit" value="{commit}"' in junit and 'name="git_state" value="dirty"' in junit
+    assert "a reason to show" in junit
+    assert said in status_line(run)

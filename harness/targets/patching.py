@@ -239,18 +239,22 @@ class Assessment:
         return "conflict" if self.text == CONFLICT else "already-applied"
 
     def advice(self, patch: str) -> str:
-        """The sync reviewer's answer for this patch on this tree."""
-        if self.fix == FIX_UPSTREAM and self.text in (STALE, IN_TREE):
-            return f"upstream's fix is present and {patch} is {self.text}: drop the backport"
-        if self.fix == FIX_UPSTREAM:
-            return f"upstream's fix is present, yet {patch} still {self.text}: check by hand before dropping it"
-        if self.text == APPLIES:
-            return f"{patch} is still needed and applies"
+        """The sync reviewer's answer for this patch on this tree. A stale patch whose fix is
+        recognised (even by a marker our patch also adds: our patch is not there, so the
+        matching code is someone else's) can go."""
+        found = {FIX_UPSTREAM: "upstream's fix", FIX_FORK: "the fork's own fix",
+                 FIX_MARKER: "a fix in the form our patch has"}.get(self.fix)
+        if self.text == STALE:
+            return f"{found} is present and {patch} is stale: drop the backport"
+        if self.text == IN_TREE and self.fix == FIX_UPSTREAM:
+            return f"upstream's fix is present and {patch} is in the tree too: drop the backport"
         if self.text == IN_TREE:
             return f"{patch} is in the tree and upstream's fix is not: keep the backport"
-        if self.text == CONFLICT:
-            return f"{patch} is still needed and conflicts: {self.text_detail}"
-        return f"{patch} is stale; the fix was recognised by {self.fix}: {self.fix_detail}"
+        if self.text == APPLIES and found:
+            return f"{found} is present, yet {patch} still applies: check by hand before applying or dropping it"
+        if self.text == APPLIES:
+            return f"{patch} is still needed and applies"
+        return f"{patch} is still needed and conflicts: {self.text_detail}"
 
 
 def added_lines(patch_text: str, file: str) -> list[str]:
