@@ -248,3 +248,15 @@ def test_provenance_and_a_dirty_tree_reach_every_report(tmp_path: Path) -> None:
     assert f'name="git_commit" value="{commit}"' in junit and 'name="git_state" value="dirty"' in junit
     assert "a reason to show" in junit
     assert said in status_line(run)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--base", "te-2.13.0+backport", "--head", "te-2.16.0"], "give the tree without +backport"),
+    (["--base", "te-2.16.0", "--head", "te-2.16.0"], "--base and --head are both te-2.16.0"),
+    (["--base", "path:{repo}@no-such-branch", "--head", "te-2.16.0"], "'no-such-branch' is not a commit"),
+])
+def test_bad_review_input_is_one_line(fork: Fork, tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "out"
+    result = repro("review", *(a.format(repo=fork.repo) for a in args), "--out", str(out), check_rc=2)
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not out.exists()
