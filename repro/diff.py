@@ -143,7 +143,7 @@ def compare(a: dict[str, Any], b: dict[str, Any], maps: list[tuple[str, str]] | 
 def _target_line(run: dict[str, Any], spec: str | None) -> str:
     if spec is None:
         return "-"
-    target = next((t for t in run["environment"]["targets"] if t["spec"] == spec), {})
+    target = reports.target_info(run, spec)
     facts = [f"fuser.py {target.get('fuser_sha', '?')}", f"role {reports.role_text(run, spec)}"]
     if provenance := reports.provenance_text(target):
         facts.append(provenance)

@@ -176,6 +176,12 @@ def role_text(run: dict[str, Any], spec: str) -> str:
     return ", ".join(f"{reg}: {role}" for reg, role in by_regression.items()) or "?"
 
 
+def target_info(run: dict[str, Any], spec: str) -> dict[str, Any]:
+    """The stored environment entry of a target; empty when the run has none for it."""
+    found: dict[str, Any] = next((t for t in run["environment"]["targets"] if t["spec"] == spec), {})
+    return found
+
+
 def provenance_text(target: dict[str, Any]) -> str:
     """A path: tree's commit (or "detached at COMMIT"), branch and clean/dirty state; "" for others."""
     git = target.get("provenance") or {}

@@ -27,7 +27,7 @@ def _only(run: dict[str, Any], spec: str) -> dict[str, Any]:
 
 def target_state(run: dict[str, Any], spec: str, regression: str) -> dict[str, Any]:
     """A target's role (and why) for a regression, and what its affected cases did."""
-    target = next((t for t in run["environment"]["targets"] if t["spec"] == spec), {})
+    target = reports.target_info(run, spec)
     ran = [r for r in run["results"] if r["target"] == spec and r["regression"] == regression
            and r["outcome"] not in NOT_RUN]
     affected = [r for r in ran if r["expected"] == "affected"]
@@ -94,7 +94,7 @@ def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[d
 
 
 def _tree(run: dict[str, Any], spec: str) -> dict[str, Any]:
-    target = next((t for t in run["environment"]["targets"] if t["spec"] == spec), {})
+    target = reports.target_info(run, spec)
     return {"spec": spec, "version": target.get("version", "?"), "fuser_sha": target.get("fuser_sha", "?"),
             "source": target.get("source", "?"), "provenance": reports.provenance_text(target) or "not a git tree",
             "state": (target.get("provenance") or {}).get("git_state", "")}
@@ -108,6 +108,12 @@ def _patch_cell(assessment: dict[str, Any] | None) -> str:
         text += f" ({plain(assessment['text_detail'])})"
     fix = plain(assessment["fix"]) + (f" ({plain(assessment['fix_detail'])})" if assessment["fix_detail"] else "")
     return f"{text}; fix: {fix}"
+
+
+def _applied_cell(reg: dict[str, Any], spec: str, assessment: dict[str, Any] | None) -> str:
+    if spec in reg["patched"]:
+        return plain(reg["patched"][spec]["said"])
+    return f"not run (the patch text: {plain(assessment['text'])})" if assessment else "-"
 
 
 def render_review(found: dict[str, Any], paths: dict[str, str] | None = None) -> str:
@@ -140,9 +146,8 @@ def render_review(found: dict[str, Any], paths: dict[str, str] | None = None) ->
             by_side = {s: next((a for a in reg["patches"][s] if a["patch"] == name), None) for s in ("base", "head")}
             rows.append([f"{plain(name)}: patch text; fix", _patch_cell(by_side["base"]), _patch_cell(by_side["head"])])
             rows.append([f"with {plain(name)} applied",
-                         *(plain(reg["patched"][f"{spec}+{name}"]["said"]) if f"{spec}+{name}" in reg["patched"]
-                           else f"not run (the patch text: {plain(by_side[side]['text'])})" if by_side[side]
-                           else "-" for spec, side in ((base, "base"), (head, "head")))])
+                         *(_applied_cell(reg, f"{spec}+{name}", by_side[side])
+                           for spec, side in ((base, "base"), (head, "head")))])
         lines += table(["", "base", "head"], rows) + [""]
         lines += [f"- **{plain(advice)}**" for advice in reg["advice"]]
         lines += [f"- **{plain(line)}**" for line in reg["unmet"]]
