@@ -260,3 +260,19 @@ def test_bad_review_input_is_one_line(fork: Fork, tmp_path: Path, args: list[str
     result = repro("review", *(a.format(repo=fork.repo) for a in args), "--out", str(out), check_rc=2)
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
     assert not out.exists()
+
+
+def test_junit_has_an_error_testcase_for_each_result_a_finished_run_lacks() -> None:
+    import xml.etree.ElementTree as ET
+
+    run = json.loads((REPO / "tests/fixtures/run-small/run.json").read_text())
+    spec = run["results"][0]["target"]
+    lost = [{"target": spec, "case_id": f"issue22:lost-{n}", "reason": "its session exited with status -9"}
+            for n in range(3)]
+    run.update(complete=False, missing=3, not_run=lost)
+    root = ET.fromstring(reports.render(run, "junit").encode())
+    errors = root.findall(".//testcase/error[@type='missing']")
+    assert len(errors) == 3 and int(root.get("errors")) == 3  # it said errors=0 while repro exited 1
+    assert all("status -9" in e.get("message") for e in errors)
+    assert {c.get("name") for c in root.findall(".//testcase") if c.find("error") is not None} == \
+        {item["case_id"] for item in lost}
