@@ -121,6 +121,13 @@ class TargetInfo(BaseModel):
     description: str = ""
     roles: dict[str, Role] = {}
     role_reasons: dict[str, str] = {}
+    # The patch in two parts: its text against the tree, and the fix (see harness/targets/patching.py).
+    patch_text: str = ""
+    patch_text_detail: str = ""
+    patch_fix: str = ""
+    patch_fix_detail: str = ""
+    provenance: dict[str, str] = {}  # path: trees: git_commit, git_branch, git_state, and a revision's source
+    expectations: dict[str, str] = {}  # the fork config's [expect]: regression -> fixed | affected
 
 
 class MegatronInfo(BaseModel):
@@ -163,6 +170,7 @@ class Run(BaseModel):
     headlines: dict[str, list[str]] = {}
     results: list[CaseResult]
     not_run: list[dict[str, str]] = []  # {target, case_id, reason} for each selected case without a record
+    target_problems: list[dict[str, str]] = []  # {target, problem}: a target none of whose cases could run
     started_at: str | None = None
     elapsed_s: float | None = None
     summary: dict[str, Any] | None = None  # repro.reports.summarize: status, fail reasons, counts

@@ -10,7 +10,7 @@ from tabulate import tabulate
 
 from harness import targets
 from harness.errors import TargetLoadError, UsageError
-from harness.targets import sources
+from harness.targets import patching, sources
 from harness.targets.probing import probe
 from repro import validate
 
@@ -24,11 +24,17 @@ def _prepare_row(spec: str, cache, offline: bool,
 
 
 def _provenance(prepared: targets.PreparedTarget) -> str:
-    git = prepared.provenance
-    return f" (git {git['git_commit'][:12]} on {git['git_branch']}, {git['git_state']})" if git else ""
+    from repro.reports import provenance_text
+
+    text = provenance_text({"provenance": prepared.provenance})
+    return f" ({text})" if text else ""
 
 
 def cmd_targets(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from repro.reports import patch_text
+
     specs = args.specs or list(targets.DEFAULT_TARGETS)
     for spec in specs:
         targets.parse_spec(spec)
@@ -42,7 +48,10 @@ def cmd_targets(args: argparse.Namespace) -> int:
             continue
         report = probe(prepared) if prepared.patch_status != "conflict" else {"load_error": "not loaded: patch conflict"}
         status = "loaded" if not report["load_error"] else f"error: {report['load_error']}"
-        patch = prepared.patch_status if not prepared.patch else f"{prepared.patch_status} ({prepared.patch_detail.splitlines()[0] if prepared.patch_detail else ''})"
+        patch = patch_text(asdict(prepared))
+        if prepared.patch and prepared.patch_text:  # the reviewer's answer beside the two parts
+            patch += " — " + patching.Assessment(prepared.patch_text, prepared.patch_text_detail, prepared.patch_fix,
+                                                 prepared.patch_fix_detail).advice(prepared.patch)
         rows.append([prepared.spec, prepared.kind + ": " + prepared.source + _provenance(prepared), prepared.version,
                      f"{prepared.fuser_sha} ({prepared.content_sha})", patch, prepared.backend, status])
         if report.get("description"):
@@ -93,6 +102,7 @@ EXAMPLES = {
     "regressions": "repro regressions",
     "schema": "repro schema > run.schema.json",
     "bench": "repro bench --matrix smoke --targets te-2.13.0,te-2.16.0",
+    "review": "repro review --base path:../fork@HEAD~1 --head path:../fork@HEAD",
 }
 
 
@@ -142,9 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                    "megatron_norm: megatron_checkpoint (default), none")
     p.set_defaults(func=cmd_minimal)
 
-    from repro import bench_commands, exec_command, report_commands, run_commands
+    from repro import bench_commands, exec_command, report_commands, review_commands, run_commands
 
-    for commands in (run_commands, report_commands, exec_command, bench_commands):
+    for commands in (run_commands, report_commands, exec_command, bench_commands, review_commands):
         commands.add_parsers(sub, common)
     for name, subparser in sub.choices.items():
         subparser.formatter_class = HelpFormatter

@@ -136,6 +136,10 @@ def status_line(run: dict[str, Any], paths: Mapping[str, str] | None = None) -> 
     parts.append(f"{summary['needs_attention']} need a look" + (f" ({', '.join(summary['fail_reasons'])})"
                                                               if summary["fail_reasons"] else "")
                  + (f"; {counts}" if counts else ""))
+    trees = [f"{t['spec']}: {t.get('version', '?')}, {text}" for t in run["environment"]["targets"]
+             if (text := reports.provenance_text(t))]
+    if trees:
+        parts.append("; ".join(trees))
     if isinstance(summary.get("elapsed_s"), (int, float)):
         parts.append(_elapsed(summary["elapsed_s"]))
     if paths:

@@ -157,6 +157,10 @@ def render_html(run: dict[str, Any]) -> str:
         totals=reports.totals_rows(run, with_time=False), groups=groups,
         attention=reports.needs_attention(run), frame_tables=reports.frame_tables(run), perf=_perf(run.get("perf")),
         problems=run.get("problems") or [],
+        warnings=[*reports.dirty_warnings(run), *(p["problem"] for p in run.get("target_problems") or [])],
+        patches={t["spec"]: reports.patch_text(t) for t in environment["targets"]},
+        provenance={t["spec"]: reports.provenance_text(t) for t in environment["targets"]},
+        role_reasons=reports.role_reasons(run),
         csp=csp,
         # Our own files, and JSON escaped by json_for_script: the only unescaped inserts.
         css=Markup(css), js=Markup(js), data_json=Markup(json_for_script(grid_data(run))))

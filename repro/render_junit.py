@@ -77,6 +77,41 @@ def _testcase(suite: ET.Element, record: dict[str, Any]) -> str:
     return "pass"
 
 
+def _target_properties(run: dict[str, Any], spec: str) -> list[tuple[str, str]]:
+    """A target's version, provenance, patch and role (with its reason) per regression."""
+    target = next((t for t in run["environment"]["targets"] if t["spec"] == spec), None)
+    if target is None:
+        return []
+    found = [("version", target.get("version", "?"))]
+    found += [(key, value) for key, value in (target.get("provenance") or {}).items()]
+    if target.get("patch"):
+        found.append(("patch", reports.patch_text(target)))
+    found += [(f"role.{reg}", f"{role}: {why}" if why else role)
+              for t, reg, role, why in reports.role_reasons(run) if t == spec]
+    return found
+
+
+def _missing(run: dict[str, Any], spec: str) -> list[dict[str, str]]:
+    """The target's selected cases without a result, each with why; for a run that lost results
+    without saying which, one entry for the count."""
+    listed = [*(run.get("not_run") or []), *(run.get("missing_results") or [])]
+    mine = [item for item in listed if item.get("target") == spec]
+    if not listed and not run.get("complete", True) and spec == reports.target_specs(run)[0]:
+        return [{"case_id": "(unknown cases)", "reason": reports.incomplete_note(run) or "results missing"}]
+    return mine
+
+
+def _missing_testcase(suite: ET.Element, spec: str, item: dict[str, str]) -> str:
+    """A missing result is an error: a dashboard is never greener than the run."""
+    classname = dot_free(f"{reports.regression_of({'case_id': item['case_id']})}.{dot_free(spec)}")
+    case = ET.SubElement(suite, "testcase", classname=_text(classname),
+                         name=_text(item["case_id"]), time="0")
+    why = item.get("reason") or "the run ended before this case recorded a result"
+    element = ET.SubElement(case, "error", type="missing", message=_text(f"no result: {why}"[:MESSAGE_CHARS]))
+    element.text = _text(f"{item['case_id']} on {spec} has no result: {why}")
+    return "error"
+
+
 def render_junit(run: dict[str, Any]) -> str:
     timestamp = (run.get("started_at") or "")[:19]  # xs:dateTime without the zone, as Ant writes it
     hostname = run["environment"].get("machine") or "unknown"
@@ -90,14 +125,18 @@ def render_junit(run: dict[str, Any]) -> str:
             suite.set("timestamp", timestamp)
         properties = ET.SubElement(suite, "properties")
         ET.SubElement(properties, "property", name="target", value=_text(spec))
+        for name, value in _target_properties(run, spec):
+            ET.SubElement(properties, "property", name=name, value=_text(value))
         if note := reports.incomplete_note(run):
             ET.SubElement(properties, "property", name="incomplete", value=_text(note))
         kinds = Counter(_testcase(suite, record) for record in ran)
+        kinds += Counter(_missing_testcase(suite, spec, item) for item in _missing(run, spec))
+        tests = sum(kinds.values())
         seconds = sum(r.get("duration_s") or 0.0 for r in ran)
-        suite.attrib.update(tests=str(len(ran)), failures=str(kinds["failure"]), errors=str(kinds["error"]),
+        suite.attrib.update(tests=str(tests), failures=str(kinds["failure"]), errors=str(kinds["error"]),
                             skipped=str(kinds["skipped"]), time=f"{seconds:.3f}")
         totals.update(kinds)
-        totals["tests"] += len(ran)
+        totals["tests"] += tests
         total_time += seconds
     root.attrib.update(tests=str(totals["tests"]), failures=str(totals["failure"]), errors=str(totals["error"]),
                        skipped=str(totals["skipped"]), time=f"{total_time:.3f}")

@@ -16,13 +16,17 @@ from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from typing import Any
 
 from repro import reports
 
 MESSAGE_CHARS = 120
-ATTENTION_LISTED = 10
-SIGNATURES_LISTED = 4  # the most frequent; every one is in the <details> below the table
+ATTENTION_GROUPS = 20  # groups of results that need a look, by signature; the rest are in report.html
+EXAMPLES = 3  # example case ids per group
+SIGNATURES_LISTED = 4  # the most frequent; more are in the <details> below the table
+SIGNATURES_DETAILED = 40
+PR_LIMIT = 60_000  # characters: a GitHub comment holds 65,536
 
 
 def code(text: Any, in_table: bool = True) -> str:
@@ -134,17 +138,62 @@ def _grid(run: dict[str, Any], regression: str, multiple: bool) -> list[str]:
     return lines + [*table(headers, body), ""]
 
 
+def attention_groups(run: dict[str, Any]) -> list[dict[str, Any]]:
+    """The results that need a look, grouped by verdict and signature (error type, location,
+    message or failed checks), most frequent first."""
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    for record in reports.needs_attention(run):
+        groups.setdefault((record["verdict"], *reports.signature(record)), []).append(record)
+    found = [{"verdict": key[0], "signature": key[1:], "records": records} for key, records in groups.items()]
+    return sorted(found, key=lambda g: -len(g["records"]))
+
+
 def _attention(run: dict[str, Any]) -> list[str]:
     found = reports.needs_attention(run)
     if not found:
         return []
-    def item(r: dict[str, Any]) -> str:
-        return (f"- {code(r['target'], False)} {code(r['case_id'], False)}: **{r['verdict']}** ({r['outcome']})"
-                + (f": {plain(_clip(r.get('verdict_reason') or ''))}" if r.get("verdict_reason") else ""))
-    lines = [f"## Needs a look ({len(found)})", *(item(r) for r in found[:ATTENTION_LISTED]), ""]
-    if len(found) > ATTENTION_LISTED:
-        lines += details(f"{len(found) - ATTENTION_LISTED} more", [item(r) for r in found[ATTENTION_LISTED:]])
-    return lines
+    groups = attention_groups(run)
+
+    def item(group: dict[str, Any]) -> str:
+        records, (kind, location, message) = group["records"], group["signature"]
+        if len(records) == 1:
+            r = records[0]
+            return (f"- {code(r['target'], False)} {code(r['case_id'], False)}: **{r['verdict']}** ({r['outcome']})"
+                    + (f": {plain(_clip(r.get('verdict_reason') or ''))}" if r.get("verdict_reason") else ""))
+        by_target = ", ".join(f"{code(t, False)} {n}" for t, n in
+                              Counter(r["target"] for r in records).most_common())
+        examples = ", ".join(code(r["case_id"], False) for r in records[:EXAMPLES])
+        what = code(_clip(f"{kind}: {message}" if message else kind), False)
+        return (f"- {len(records)} **{group['verdict']}** {what}" + (f" at {code(location, False)}" if location else "")
+                + f" ({by_target}); e.g. {examples}")
+    lines = [f"## Needs a look ({len(found)})" + (f", {len(groups)} signatures" if len(groups) > 1 else ""),
+             *(item(g) for g in groups[:ATTENTION_GROUPS])]
+    if len(groups) > ATTENTION_GROUPS:
+        rest = sum(len(g["records"]) for g in groups[ATTENTION_GROUPS:])
+        lines.append(f"- and {len(groups) - ATTENTION_GROUPS} more signatures ({rest} results): see report.html")
+    return lines + [""]
+
+
+def _warnings(run: dict[str, Any]) -> list[str]:
+    """A dirty tree, a patch that does not apply: one line each, under the verdict."""
+    lines = [f"> **{plain(w)}**" for w in reports.dirty_warnings(run)]
+    lines += [f"> **{plain(p['problem'])}**" for p in run.get("target_problems") or []]
+    return lines + [""] if lines else []
+
+
+def _targets(run: dict[str, Any]) -> list[str]:
+    """Each target's provenance, patch and role with the reason for it, folded."""
+    body = []
+    for target in run["environment"]["targets"]:
+        facts = [f"version {code(target['version'], False)}"]
+        if provenance := reports.provenance_text(target):
+            facts.append(plain(provenance))
+        if target.get("patch"):
+            facts.append("patch " + plain(reports.patch_text(target)))
+        body.append(f"- {code(target['spec'], False)} ({'; '.join(facts)})")
+        body += [f"  - {plain(reg)}: **{plain(role)}** — {plain(why or 'no reason stored')}"
+                 for spec, reg, role, why in reports.role_reasons(run) if spec == target["spec"]]
+    return details("Targets: provenance, patch and why each has its role", body)
 
 
 def _frame_tables(run: dict[str, Any]) -> list[str]:
@@ -178,11 +227,14 @@ def _failures(run: dict[str, Any]) -> list[str]:
              ", ".join(f"{code(t)} {n}" for t, n in g["targets"]),
              code(reports.show_command(g["example"]["case_id"], g["example"]["target"]))] for g in groups]
     full = [f"- {g['count']} {code(g['type'], False)} at {code(g['location'] or '(no TE frame)', False)}:"
-            f" {code(g['message'], False)}; e.g. {code(reports.show_command(g['example']['case_id'], g['example']['target']), False)}"
-            for g in groups]
+            f" {code(_clip(g['message'], 400), False)}; e.g."
+            f" {code(reports.show_command(g['example']['case_id'], g['example']['target']), False)}"
+            for g in groups[:SIGNATURES_DETAILED]]
+    if len(groups) > SIGNATURES_DETAILED:
+        full.append(f"- and {len(groups) - SIGNATURES_DETAILED} more signatures: see report.html")
     more = f", {len(groups) - SIGNATURES_LISTED} more below" if len(groups) > SIGNATURES_LISTED else ""
     return [f"## Error signatures ({len(groups)}{more})", *table(headers, rows[:SIGNATURES_LISTED]), "",
-            *details("every signature with its full message and TE location", full)]
+            *details("signatures with their message and TE location", full)]
 
 
 def _environment(run: dict[str, Any], reviewed: bool) -> list[str]:
@@ -191,8 +243,9 @@ def _environment(run: dict[str, Any], reviewed: bool) -> list[str]:
                                  f" {code(env.get('platform'))}, machine {code(env.get('machine'))}"), ""]
     headers = ["target", "role", "version", "fuser.py", "patch", "backend", "source", "ops"]
     rows = [[code(t["spec"]), plain(reports.role_text(run, t["spec"])), code(t["version"]), code(t["fuser_sha"]),
-             plain(f"{t['patch']}: {t['patch_status']}" if t.get("patch") else t.get("patch_status", "none")),
-             plain(t["backend"]), plain(t["source"]), plain(t.get("description", ""))] for t in env["targets"]]
+             plain(reports.patch_text(t)), plain(t["backend"]),
+             plain(t["source"] + (f" ({p})" if (p := reports.provenance_text(t)) else "")),
+             plain(t.get("description", ""))] for t in env["targets"]]
     body += table(headers, rows)
     excluded = run.get("excluded") or {}
     if any(excluded.values()):
@@ -221,17 +274,31 @@ def _render(run: dict[str, Any], reviewed: bool) -> str:
                    " is the same on every machine. CI regenerates it and compares."), ""]
     if note := reports.incomplete_note(run):
         lines += [f"> **{note}**", ""]
-    lines += status_block(run, reviewed) + _attention(run) + _verdicts(run, reviewed)
+    lines += status_block(run, reviewed) + _warnings(run) + _attention(run) + _verdicts(run, reviewed)
     regressions = reports.regression_ids(run)
     for regression in regressions:
         lines += _grid(run, regression, len(regressions) > 1)
+    lines += _targets(run)
     lines += _frame_tables(run) + _failures(run) + _environment(run, reviewed)
     if run.get("perf") and not reviewed:
         lines += render_perf(run["perf"])
     if run.get("problems"):
-        lines += details(f"Problems reading the results ({len(run['problems'])})",
-                         [f"- {plain(p)}" for p in run["problems"]])
-    return "\n".join(lines).rstrip("\n") + "\n"
+        shown = [f"- {plain(_clip(p, 300))}" for p in run["problems"][:20]]
+        lines += details(f"Problems reading the results ({len(run['problems'])})", shown)
+    return fit("\n".join(lines).rstrip("\n") + "\n")
+
+
+def fit(text: str, limit: int = PR_LIMIT) -> str:
+    """Keep a report within a pull-request comment: each section is bounded already; should a
+    run still outgrow the limit (say, dozens of targets), cut at a line and point to the HTML."""
+    if len(text) <= limit:
+        return text
+    note = "\n\n> **Cut here to fit a pull-request comment; the whole run is in report.html.**\n"
+    cut = text.rfind("\n", 0, limit - len(note))
+    body = text[:cut]
+    if body.count("<details>") > body.count("</details>"):
+        body += "\n\n</details>"
+    return body + note
 
 
 def render_markdown(run: dict[str, Any]) -> str:
@@ -247,7 +314,7 @@ def render_step_summary(run: dict[str, Any], paths: dict[str, str] | None = None
     lines = [f"### repro run `{run.get('matrix', '?')}`", ""]
     if note := reports.incomplete_note(run):
         lines += [f"> **{note}**", ""]
-    lines += status_block(run) + _verdicts(run, reviewed=True)[1:] + _attention(run)
+    lines += status_block(run) + _warnings(run) + _verdicts(run, reviewed=True)[1:] + _attention(run)
     if paths:
         lines += ["Reports: " + ", ".join(code(p, False) for p in paths.values()), ""]
-    return "\n".join(lines).rstrip("\n") + "\n\n"
+    return fit("\n".join(lines).rstrip("\n") + "\n") + "\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -11,9 +12,20 @@ from harness.runner import rundir
 from repro import reports
 
 
+def write_stdout(text: str) -> None:
+    """Print; a reader that closed the pipe (`| head`) ends it quietly, without a traceback."""
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        # Python flushes stdout again at exit; point it at /dev/null so that flush cannot fail.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+
+
 def _write(text: str, out: str | None) -> None:
     if out is None:
-        sys.stdout.write(text)
+        write_stdout(text)
         return
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
@@ -66,10 +78,11 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_diff(args: argparse.Namespace) -> int:
     from repro import diff
 
+    maps = diff.parse_maps(args.map)
     a, b = reports.load_run(Path(args.a)), reports.load_run(Path(args.b))
-    changes = diff.compare(a, b)
-    print(diff.render_diff(changes, a, b))
-    return diff.exit_status(changes)
+    comparison = diff.compare(a, b, maps)
+    write_stdout(diff.render_diff(comparison, a, b, args.format))
+    return diff.exit_status(comparison.changes)
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -93,8 +106,13 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                         " as te), for an upstream bug report; run it here with repro exec")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("diff", help="cases whose outcome or verdict changed between two runs; exit 1 on a new regression",
-                       epilog="example: repro diff runs/before runs/after")
+    p = sub.add_parser("diff", help="cases whose outcome, verdict, error or failed checks changed between two runs;"
+                       " exit 1 on a new regression (a paired case that passed and now fails)",
+                       epilog="example: repro diff runs/before runs/after --map path:fork-old=path:fork-new")
     p.add_argument("a", metavar="A", help="the earlier run: a run dir or run.json")
     p.add_argument("b", metavar="B", help="the later run: a run dir or run.json")
+    p.add_argument("--map", action="append", metavar="A_SPEC=B_SPEC",
+                   help="pair this target of A with this one of B (repeatable); the others pair by the same spec,"
+                        " else by the same role")
+    p.add_argument("--format", choices=("text", "md"), default="text", help="text (default) or md (for a pull request)")
     p.set_defaults(func=cmd_diff)

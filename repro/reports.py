@@ -134,6 +134,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     missing = run.get("missing") or 0
     complete = bool(run.get("complete", True)) and not missing
     reasons = [f"{verdicts[v]} {v}" for v in BAD_VERDICTS if verdicts[v]]
+    reasons += [p["problem"] for p in run.get("target_problems") or []]
     if not complete:
         reasons.append(f"incomplete: {missing if run.get('missing') is not None else 'unknown number of'}"
                        " results missing")
@@ -173,6 +174,51 @@ def role_text(run: dict[str, Any], spec: str) -> str:
     if len(distinct) == 1:
         return distinct.pop()
     return ", ".join(f"{reg}: {role}" for reg, role in by_regression.items()) or "?"
+
+
+def target_info(run: dict[str, Any], spec: str) -> dict[str, Any]:
+    """The stored environment entry of a target; empty when the run has none for it."""
+    found: dict[str, Any] = next((t for t in run["environment"]["targets"] if t["spec"] == spec), {})
+    return found
+
+
+def provenance_text(target: dict[str, Any]) -> str:
+    """A path: tree's commit (or "detached at COMMIT"), branch and clean/dirty state; "" for others."""
+    git = target.get("provenance") or {}
+    if not git.get("git_commit"):
+        return ""
+    branch = git.get("git_branch", "?")
+    where = branch if branch.startswith("detached at") else f"({branch})" if git.get("revision") else f"on {branch}"
+    return f"git {git['git_commit'][:12]} {where}, {git.get('git_state', '?')}"
+
+
+def dirty_warnings(run: dict[str, Any]) -> list[str]:
+    """One warning per tree with uncommitted changes: its results belong to no commit."""
+    return [f"WARNING: {t['spec']} is a dirty tree (uncommitted changes on {(t.get('provenance') or {}).get('git_branch')}"
+            f" at {(t.get('provenance') or {}).get('git_commit', '?')[:12]}): its results belong to no commit"
+            for t in run["environment"]["targets"] if (t.get("provenance") or {}).get("git_state") == "dirty"]
+
+
+def patch_text(target: dict[str, Any]) -> str:
+    """The patch in two parts, `backport: stale (hunk ...); fix: upstream marker (...)`, or the
+    single status of a run stored before the parts were recorded."""
+    if not target.get("patch"):
+        return target.get("patch_status") or "none"
+    if not target.get("patch_text"):
+        return f"{target['patch']}: {target.get('patch_status', '?')}"
+    text = target["patch_text"]
+    if text in ("stale", "conflict"):
+        text += f" ({target.get('patch_text_detail', '')})"
+    fix = target.get("patch_fix") or "?"
+    if target.get("patch_fix_detail") and fix != "our patch in the tree":
+        fix += f" ({target['patch_fix_detail']})"
+    return f"{target['patch']}: {text}; fix before patching: {fix}"
+
+
+def role_reasons(run: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    """(target, regression, role, why) for every target and regression the run stored."""
+    return [(t["spec"], reg, role, (t.get("role_reasons") or {}).get(reg, ""))
+            for t in run["environment"]["targets"] for reg, role in (t.get("roles") or {}).items()]
 
 
 def regression_of(record: dict[str, Any]) -> str:

@@ -26,11 +26,12 @@ from harness.megatron.source import DEFAULT_VERSION, PreparedMegatron, check_meg
 from harness.model import json_schema
 from harness.runner import hosts, rundir
 from harness.runner.completeness import incomplete_reason
+from harness.runner.expectations import all_unmet
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
 from repro import rerun, validate
 from repro.progress import Progress, print_status_line
-from repro.reports import load_run, summarize, write_all_formats
+from repro.reports import dirty_warnings, load_run, summarize, write_all_formats
 
 
 def _progress(line: str) -> None:
@@ -134,12 +135,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         if megatron is not None:
             run["environment"]["megatron"] = {"spec": megatron.spec, "version": megatron.version,
                                               "source": megatron.source}
-        run.setdefault("started_at", datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds"))
-        run.setdefault("elapsed_s", round(time.time() - started, 1))
+        # The model stores both as None; set them (setdefault would keep the None).
+        run["started_at"] = run.get("started_at") or datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
+        run["elapsed_s"] = round(time.time() - started, 1)
         run["summary"] = summarize(run)
         rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
         paths = write_all_formats(run, out_dir)
     print_status_line(run, paths)
+    for line in [*dirty_warnings(run), *(p["problem"] for p in run.get("target_problems") or []), *all_unmet(run)]:
+        print(f"repro: {line}", file=sys.stderr)
     if reason := incomplete_reason(run):
         print(f"repro: {reason}", file=sys.stderr)
     return 0 if run["summary"]["status"] == "PASS" else 1

@@ -425,7 +425,8 @@ def test_new_patch_format_with_several_markers(tmp_path: Path) -> None:
     tree = tmp_path / "tree"
     tree.mkdir()
     (tree / "b.py").write_text("two")
-    assert patching.apply_patch(tree, patch) == ("already-applied", "recognised by marker: second")
+    status, detail = patching.apply_patch(tree, patch)
+    assert status == "already-applied" and detail.startswith("stale (") and detail.endswith("upstream marker: second")
 
 
 def test_fork_config_markers_and_a_bad_config(fork: Path, tmp_path: Path) -> None:

@@ -336,7 +336,12 @@ def test_report_from_unfinished_run_says_incomplete(run: dict[str, Any], tmp_pat
     assert len(found) == 12  # every expected case has an entry, found or not
     assert sum(4 - len(by_target) for by_target in found.values()) == len(run["results"]) - 20
     junit = ET.fromstring(reports.render(loaded, "junit").encode())
-    assert len(junit.findall(".//testcase")) == 20
+    # Never greener than the run: each missing result is an <error> testcase naming the case and why.
+    missing = junit.findall(".//testcase/error[@type='missing']")
+    assert len(junit.findall(".//testcase")) == 20 + len(loaded["missing_results"]) == 20 + len(missing)
+    assert int(junit.get("errors")) >= len(missing) > 0
+    first = loaded["missing_results"][0]
+    assert junit.find(f".//testcase[@name='{first['case_id']}']/error[@type='missing']") is not None
     assert junit.find(".//property[@name='incomplete']") is not None
 
 

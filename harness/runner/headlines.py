@@ -8,6 +8,7 @@ from collections import Counter
 from typing import Any
 
 from harness.model import BAD_VERDICTS, Outcome, Role, Verdict
+from harness.runner.expectations import unmet
 
 NOT_RUN = (Outcome.NOT_APPLICABLE.value, Outcome.HARNESS_ERROR.value)
 
@@ -48,6 +49,16 @@ def regression_headline(run: dict[str, Any], regression: str) -> list[str]:
             affected = [r for r in _ran(results, spec, regression).values() if r["expected"] == "affected"]
             fixed = sum(r["verdict"] == Verdict.FIXED.value for r in affected)
             lines.append(f"{spec} (fixed upstream) passes {fixed} of {len(affected)} affected cases")
+    reasons = {t["spec"]: (t.get("role_reasons") or {}).get(regression, "") for t in run["environment"]["targets"]}
+    for spec in specs_by_role.get(Role.UNKNOWN.value, []):
+        if reasons.get(spec) == "given by the caller":  # the sweep judges every release unknown on purpose
+            continue
+        affected = [r for r in _ran(results, spec, regression).values() if r["expected"] == "affected"]
+        reproduced = sum(r["verdict"] == Verdict.REPRODUCED.value for r in affected)
+        lines.append(f"{spec} (role unknown: nothing says whether it has the fix) reproduces {reproduced} of"
+                     f" {len(affected)} affected cases; declare it with [expect] {regression} = \"fixed\" or"
+                     " \"affected\" in the fork config")
+    lines += unmet(run, regression)  # first among the attention lines: a declared expectation not met
     bad = Counter(r["verdict"] for r in results if r["regression"] == regression and r["verdict"] in BAD_VERDICTS)
     lines.append("no other failure, regression, harness error or unexpected pass" if not bad else
                  "ATTENTION: " + ", ".join(f"{n} {v}" for v, n in sorted(bad.items())))

@@ -183,7 +183,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
     each session records at least one case."""
     large = tx or any(len(cases) > LARGE_SESSION for _, cases, _ in plan)
     concurrent, per_session = (1, workers) if large else (max(1, workers), 1)
-    reader, pending, last = ProgressReader(jsonl), [(t, c, r, 0) for t, c, r in plan], ""
+    reader, pending, last = ProgressReader(jsonl), [(t, c, r, 0) for t, c, r in plan if c], ""
     running: dict[int, tuple[subprocess.Popen[bytes], tuple[targets.PreparedTarget, list[Case], dict[str, str], int]]]
     running = {}
     exits: dict[str, int] = {}
@@ -221,6 +221,12 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
         # Interrupted (Ctrl-C, SIGTERM): stop the sessions; what they wrote stays in the JSONL.
         _stop([process for process, _ in running.values()])
     return exits
+
+
+def target_problem(prepared: targets.PreparedTarget) -> str:
+    """The one line a target that cannot run gets (its patch does not apply)."""
+    return (f"{prepared.spec}: patch {prepared.patch} does not apply ({prepared.patch_text or 'conflict'}: "
+            f"{prepared.patch_text_detail or prepared.patch_detail}); none of its cases ran")
 
 
 class Interrupted(Exception):
@@ -281,7 +287,10 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     def wanted(spec: str, case: Case) -> bool:
         return pairs is None or (spec, case.case_id) in pairs or (None, case.case_id) in pairs
 
-    plan = [(prepared[spec], [c for s in chosen for c in runnable[s.regression.id] if wanted(spec, c)],
+    # A patch that does not apply leaves its target unrunnable: one target-level line, no case run there.
+    blocked = {spec: target_problem(p) for spec, p in prepared.items() if p.patch_status == "conflict"}
+    plan = [(prepared[spec], [c for s in chosen for c in runnable[s.regression.id] if wanted(spec, c)]
+             if spec not in blocked else [],
              {rid: role.value for rid, (role, _) in roles[spec].items()}) for spec, chosen in by_target.items()]
     rundir.remove_stale(out_dir)
     jsonl = out_dir / "results.jsonl"
@@ -300,6 +309,7 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
         signal.signal(signal.SIGTERM, previous)
     descriptions = {spec: _read_description(out_dir, target) for spec, target in prepared.items()}
     run = assemble(out_dir, matrix, selections, plan, roles, excluded, descriptions)
+    run["target_problems"] = [{"target": spec, "problem": line} for spec, line in blocked.items()]
     run["not_run"] = completeness.not_run(run, [(target, cases) for target, cases, _ in plan], exits,
                                           out_dir / "sessions")
     return run

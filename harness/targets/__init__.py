@@ -16,7 +16,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from harness.errors import TargetLoadError, UsageError
-from harness.targets import forkconfig, patching, sources
+from harness.targets import forkconfig, patching, revisions, sources
 
 DEFAULT_TARGETS = ("te-2.13.0", "te-2.13.0+backport", "te-2.16.0", "te-2.20.2")
 SPEC_FORMS = "te-<x.y.z>, path:<dir> or installed, each optionally +<patch>"
@@ -109,6 +109,13 @@ class PreparedTarget:
     fix_markers: dict[str, list[dict[str, str]]] = field(default_factory=dict)
     extra_standins: dict[str, dict[str, str]] = field(default_factory=dict)  # module -> symbol -> kind
     renamed_ops: dict[str, str] = field(default_factory=dict)  # our op name -> "module:Class" or "Class"
+    # The patch in two parts (patching.Assessment): its text against the tree, and the fix.
+    patch_text: str = ""
+    patch_text_detail: str = ""
+    patch_fix: str = ""
+    patch_fix_detail: str = ""
+    # From the fork config's [expect]: regression id -> "fixed" or "affected".
+    expectations: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -135,7 +142,7 @@ def check_available(specs: list[str]) -> None:
     for spec in map(parse_spec, specs):
         if spec.kind == "installed":
             _installed_root()
-        elif spec.kind == "path":
+        elif spec.kind == "path" and revisions.split(spec.value)[1] is None:
             sources.check_source_tree(Path(spec.value).expanduser())
 
 
@@ -145,25 +152,25 @@ def source_roots(specs: list[str]) -> list[Path]:
     roots = []
     for spec in map(parse_spec, specs):
         if spec.kind == "path":
-            roots.append(Path(spec.value).expanduser().resolve())
+            roots.append(Path(revisions.split(spec.value)[0]).expanduser().resolve())
         elif spec.kind == "installed" and (found := importlib.util.find_spec("transformer_engine")):
             roots += [Path(p).resolve() for p in found.submodule_search_locations or []]
     return roots
 
 
-def _read_status(final: Path) -> tuple[str, str] | None:
-    """The saved patch status of a patched copy, when the copy is intact."""
+def _read_status(final: Path) -> tuple[str, str, patching.Assessment] | None:
+    """The saved patch status and assessment of a patched copy, when the copy is intact."""
     try:
         saved = json.loads((final / ".patch-status.json").read_text())
         if saved["content"] == sources.content_hash(final):
-            return saved["status"], saved["detail"]
+            return saved["status"], saved["detail"], patching.Assessment(**saved["assessment"])
     except (OSError, ValueError, KeyError, TypeError):
         pass
     return None
 
 
 def _patched_copy(root: Path, key: str, patch: patching.Patch, cache: Path,
-                  extra_markers: tuple[patching.Marker, ...]) -> tuple[Path, str, str]:
+                  extra_markers: tuple[patching.Marker, ...]) -> tuple[Path, str, str, patching.Assessment]:
     """A patched copy of root's transformer_engine/ in the cache, keyed by the content of
     the source and of the patch; a copy found damaged is made again."""
     extra = sources.short_hash(json.dumps([m.__dict__ for m in extra_markers]).encode()) if extra_markers else ""
@@ -181,13 +188,14 @@ def _patched_copy(root: Path, key: str, patch: patching.Patch, cache: Path,
             shutil.copytree(root / "transformer_engine", staged / "transformer_engine", ignore=ignore)
             for info in root.glob("transformer_engine-*.dist-info"):
                 shutil.copytree(info, staged / info.name)
-            status, detail = patching.apply_patch(staged, patch, extra_markers)
+            status, detail, assessment = patching.apply_assessed(staged, patch, extra_markers)
             (staged / ".patch-status.json").write_text(json.dumps(
-                {"status": status, "detail": detail, "content": sources.content_hash(staged)}))
+                {"status": status, "detail": detail, "assessment": asdict(assessment),
+                 "content": sources.content_hash(staged)}))
             if final.exists():
                 shutil.rmtree(final)
             staged.rename(final)
-    return final, status, detail
+    return final, status, detail, assessment
 
 
 def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str | None = None) -> PreparedTarget:
@@ -204,9 +212,14 @@ def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str
             raise UsageError(f"cached wheel {wheel} holds version {version}, not {spec.value}; delete it")
         key = f"te-{spec.value}-{sources.content_hash(root)}"
     elif spec.kind == "path":
-        root = sources.check_source_tree(Path(spec.value).expanduser().resolve())
-        source, version, backend = str(root), sources.tree_version(root), "cpu"
-        provenance = sources.git_provenance(root)
+        directory, rev = revisions.split(spec.value)
+        if rev is None:
+            root = sources.check_source_tree(Path(directory).expanduser().resolve())
+            source, provenance = str(root), sources.git_provenance(root)
+        else:  # a commit of the tree, exported into the cache
+            root, provenance = revisions.export(Path(directory), rev, cache)
+            source = provenance["revision"]
+        version, backend = sources.tree_version(root), "cpu"
         key = f"path-{sources.content_hash(root)}"
     else:
         root = _installed_root()
@@ -214,14 +227,17 @@ def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str
         key = f"installed-{sources.content_hash(root)}"
     config_path = forkconfig.find(root, fork_config) if spec.kind != "wheel" else None
     config, markers = forkconfig.load(config_path) if config_path else (forkconfig.ForkConfig(), {})
-    status, detail = "none", ""
+    status, detail, assessment = "none", "", None
     if patch is not None:
         extra = tuple(patching.Marker(**m) for fix in patch.fixes for m in markers.get(fix, []))
-        root, status, detail = _patched_copy(root, key, patch, cache, extra)
+        root, status, detail, assessment = _patched_copy(root, key, patch, cache, extra)
+    parts = {"patch_text": assessment.text, "patch_text_detail": assessment.text_detail,
+             "patch_fix": assessment.fix, "patch_fix_detail": assessment.fix_detail} if assessment else {}
     return PreparedTarget(
         spec=spec.text, kind=spec.kind, source=source, root=str(root), version=version,
         fuser_sha=sources.fuser_hash(root), patch=spec.patch, patch_status=status,
         patch_detail=detail, backend=backend, content_sha=sources.content_hash(root), provenance=provenance,
         fork_config=str(config_path) if config_path else None, fix_markers=markers,
-        extra_standins=config.standins, renamed_ops=config.renamed_ops,
+        extra_standins=config.standins, renamed_ops=config.renamed_ops, expectations=dict(config.expect),
+        **parts,
     )

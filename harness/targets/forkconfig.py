@@ -13,6 +13,9 @@ A vendor fork may declare, in TOML:
     [renamed_ops]                                 # our op name -> "module:Class" or "Class" in ops/basic/
     AddExtraInput = "add_extra_input_npu:AddExtraInputNPU"
 
+    [expect]                                      # what the tree must be, per regression id
+    issue22 = "fixed"                             # or "affected"; decides the target's role
+
 Stand-ins never replace the target's real modules: a symbol may be added to a module the
 CPU backend already stands in, or to a module neither the target nor the environment has.
 """
@@ -30,6 +33,7 @@ from harness.targets.patching import NAME, parse_markers, read_toml
 
 TREE_FILE = ".te-repro.toml"
 SymbolKind = Literal["none", "false", "true", "noop", "class"]
+Expectation = Literal["fixed", "affected"]
 
 
 class ForkConfig(BaseModel):
@@ -38,6 +42,7 @@ class ForkConfig(BaseModel):
     standins: dict[str, dict[str, SymbolKind]] = {}
     fixes: dict[str, Any] = {}
     renamed_ops: dict[str, str] = {}
+    expect: dict[str, Expectation] = {}
 
     @field_validator("standins")
     @classmethod
@@ -85,4 +90,10 @@ def load(path: Path) -> tuple[ForkConfig, dict[str, list[dict[str, str]]]]:
             raise UsageError(f"fork config {path}: fixes.{regression}: not a regression id")
         parsed = parse_markers(raw_markers, f"fork config {path}: fixes.{regression}")
         markers[regression] = [{"file": m.file, "pattern": m.pattern, "means": m.means} for m in parsed]
+    from cases.regressions import REGRESSIONS  # here: the catalogue is needed only to check [expect]
+
+    for regression in config.expect:
+        if regression not in REGRESSIONS:
+            raise UsageError(f"fork config {path}: expect.{regression}: unknown regression; valid: "
+                             f"{', '.join(REGRESSIONS)}")
     return config, markers

@@ -1,11 +1,15 @@
 """Apply a backport from patches/ to a copy of a target's source, with `git apply`.
 
-The result is exactly one status:
-- `applied`: the patch applied cleanly;
-- `already-applied`: the source already has the fix, recognised either because the
-  patch reverse-applies or, where upstream's fix has another form, by the marker the
-  patch declares in its .toml;
-- `conflict`: neither; the detail holds git's report of the failing hunk.
+A patch against a tree is assessed in two parts (`assess`):
+- the patch text: `applies`, `in the tree` (it reverse-applies), `stale` (neither, and the
+  fix is in the tree in another form: upstream moved the code) or `conflict` (neither, and
+  no fix found), the last two with git's failing hunk and line;
+- the fix: recognised by an upstream marker (a marker of the patch's .toml that the patch
+  does not itself add, so upstream's fix and our backport are told apart), by a fork's own
+  marker, by our patch being in the tree, by a marker our patch also adds, or not found.
+
+Applying gives the one status the loader needs: `applied`, `already-applied` (in the tree,
+or stale with the fix present: the tree runs as it is) or `conflict`.
 """
 
 from __future__ import annotations
@@ -212,22 +216,140 @@ def _git_apply(tree: Path, patch: Path, *flags: str) -> subprocess.CompletedProc
     )
 
 
+# What the two parts read; `advice` turns them into the reviewer's answer.
+APPLIES, IN_TREE, STALE, CONFLICT = "applies", "in the tree", "stale", "conflict"
+FIX_UPSTREAM, FIX_FORK, FIX_OURS, FIX_MARKER, FIX_NONE = (
+    "upstream marker", "fork marker", "our patch in the tree", "marker our patch also adds", "not found")
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """The patch text against a tree, and whether the tree has the fix (see the module docstring)."""
+
+    text: str
+    text_detail: str
+    fix: str
+    fix_detail: str
+
+    @property
+    def status(self) -> str:
+        """The single status of a patched copy: what the loader runs."""
+        if self.text == APPLIES:
+            return "applied"
+        return "conflict" if self.text == CONFLICT else "already-applied"
+
+    def advice(self, patch: str) -> str:
+        """The sync reviewer's answer for this patch on this tree. A stale patch whose fix is
+        recognised (even by a marker our patch also adds: our patch is not there, so the
+        matching code is someone else's) can go."""
+        found = {FIX_UPSTREAM: "upstream's fix", FIX_FORK: "the fork's own fix",
+                 FIX_MARKER: "a fix in the form our patch has"}.get(self.fix)
+        if self.text == STALE:
+            return f"{found} is present and {patch} is stale: drop the backport"
+        if self.text == IN_TREE and self.fix == FIX_UPSTREAM:
+            return f"upstream's fix is present and {patch} is in the tree too: drop the backport"
+        if self.text == IN_TREE:
+            return f"{patch} is in the tree and upstream's fix is not: keep the backport"
+        if self.text == APPLIES and found:
+            return f"{found} is present, yet {patch} still applies: check by hand before applying or dropping it"
+        if self.text == APPLIES:
+            return f"{patch} is still needed and applies"
+        return f"{patch} is still needed and conflicts: {self.text_detail}"
+
+
+def added_lines(patch_text: str, file: str) -> list[str]:
+    """The lines a diff adds to `file` (without their '+')."""
+    lines, current = [], None
+    for line in patch_text.splitlines():
+        if line.startswith("+++ "):
+            current = re.sub(r"^b/", "", line[4:].split("\t")[0])
+        elif line.startswith("+") and current == file:
+            lines.append(line[1:])
+    return lines
+
+
+def adds_marker(patch: Patch, marker: Marker) -> bool:
+    """Whether the patch itself adds a line the marker matches: then the marker cannot tell
+    our backport from upstream's fix."""
+    added = "\n".join(added_lines(patch.text.decode("utf-8", "replace"), marker.file))
+    return re.search(marker.pattern, added, re.MULTILINE) is not None
+
+
+def failing_hunk(patch: Patch, git_output: str, tree: Path) -> str:
+    """git's failing hunk as one line: file:line, which hunk of the patch, and the first line
+    git searched for that the file no longer has."""
+    failed = re.search(r"^error: patch failed: (.+):(\d+)$", git_output, re.MULTILINE)
+    if not failed:  # e.g. a file the patch changes is missing: git's last error line
+        errors = [line for line in git_output.splitlines() if line.startswith("error:")] or ["git apply failed"]
+        return errors[-1]
+    file, line = failed.group(1), int(failed.group(2))
+    text = patch.text.decode("utf-8", "replace")
+    headers = [(m.group(0).split(" @@")[0] + " @@", int(m.group(1)))
+               for m in re.finditer(r"^@@ -(\d+)(?:,\d+)? \+\d+(?:,\d+)? @@.*$", _file_section(text, file), re.MULTILINE)]
+    which = next((f"hunk {i} of {len(headers)} ({h})" for i, (h, start) in enumerate(headers, 1) if start == line),
+                 "a hunk")
+    searched = re.search(r"error: while searching for:\n(.*?)\n\nerror:", git_output, re.DOTALL)
+    missing = ""
+    if searched:
+        target = tree / file
+        have = {t.strip() for t in target.read_text(errors="replace").splitlines()} if target.is_file() else set()
+        gone = next((t.strip() for t in searched.group(1).splitlines() if t.strip() and t.strip() not in have), None)
+        missing = f"; the tree no longer has `{gone}`" if gone else "; its lines are in the tree, but not together as the hunk has them"
+    return f"{which} fails at {file}:{line}{missing}"
+
+
+def _file_section(text: str, file: str) -> str:
+    """The part of a diff that changes `file`."""
+    sections = re.split(r"^(?=diff --git |--- )", text, flags=re.MULTILINE)
+    return "".join(s for s in sections if f"+++ b/{file}" in s or f"+++ {file}" in s) or text
+
+
+def assess(tree: Path, patch: Patch, extra_markers: tuple[Marker, ...] = ()) -> Assessment:
+    """The patch text against `tree` and the fix in it, without changing the tree.
+    `extra_markers` are a fork's own markers for the regressions the patch fixes."""
+    forward = _git_apply(tree, patch.path, "--check").returncode == 0
+    reverse = not forward and _git_apply(tree, patch.path, "--check", "--reverse").returncode == 0
+    found = [(FIX_MARKER if adds_marker(patch, m) else FIX_UPSTREAM, m) for m in patch.markers if m.found_in(tree)]
+    found += [(FIX_FORK, m) for m in extra_markers if m.found_in(tree)]
+    found.sort(key=lambda kind_marker: (FIX_UPSTREAM, FIX_FORK, FIX_MARKER).index(kind_marker[0]))
+    if found and found[0][0] != FIX_MARKER:
+        fix, fix_detail = found[0][0], found[0][1].means
+    elif reverse:
+        fix, fix_detail = FIX_OURS, "the patch reverse-applies"
+    elif found:
+        fix, fix_detail = FIX_MARKER, found[0][1].means
+    else:
+        fix, fix_detail = FIX_NONE, ""
+    if forward:
+        return Assessment(APPLIES, "applies cleanly with git apply", fix, fix_detail)
+    if reverse:
+        return Assessment(IN_TREE, "the patch reverse-applies", fix, fix_detail)
+    failure = _git_apply(tree, patch.path, "--check", "--verbose")
+    hunk = failing_hunk(patch, failure.stderr or failure.stdout, tree)
+    return Assessment(STALE if fix != FIX_NONE else CONFLICT, hunk, fix, fix_detail)
+
+
 def apply_patch(tree: Path, patch: Patch, extra_markers: tuple[Marker, ...] = ()) -> tuple[str, str]:
-    """Apply `patch` to `tree` in place; return (status, detail). `extra_markers` are a
-    fork's own markers for the regressions the patch fixes."""
-    if _git_apply(tree, patch.path, "--check").returncode == 0:
+    """Apply `patch` to `tree` in place when it applies; return (status, detail)."""
+    status, detail, _ = apply_assessed(tree, patch, extra_markers)
+    return status, detail
+
+
+def apply_assessed(tree: Path, patch: Patch,
+                   extra_markers: tuple[Marker, ...] = ()) -> tuple[str, str, Assessment]:
+    """Assess, then apply when the text applies; (status, one-line detail, assessment)."""
+    found = assess(tree, patch, extra_markers)
+    if found.text == APPLIES:
         result = _git_apply(tree, patch.path)
         if result.returncode != 0:
-            return "conflict", result.stderr.strip()
+            return "conflict", result.stderr.strip(), found
         check_applied_tree(tree, patch)
-        return "applied", "applied cleanly with git apply"
-    if _git_apply(tree, patch.path, "--check", "--reverse").returncode == 0:
-        return "already-applied", "recognised because the patch reverse-applies"
-    for marker in (*patch.markers, *extra_markers):
-        if marker.found_in(tree):
-            return "already-applied", f"recognised by marker: {marker.means}"
-    failure = _git_apply(tree, patch.path, "--check", "--verbose")
-    return "conflict", (failure.stderr or failure.stdout).strip()
+        return "applied", "applied cleanly with git apply", found
+    if found.text == CONFLICT:
+        return "conflict", found.text_detail, found
+    if found.text == IN_TREE:
+        return "already-applied", "recognised because the patch reverse-applies", found
+    return "already-applied", f"stale ({found.text_detail}); fix recognised by {found.fix}: {found.fix_detail}", found
 
 
 def check_applied_tree(tree: Path, patch: Patch) -> None:

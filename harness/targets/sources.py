@@ -286,6 +286,8 @@ def git_provenance(root: Path) -> dict[str, str]:
         return {}
     commit = _git(root, "rev-parse", "HEAD") or "no commit yet"
     branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD") or "?"
+    if branch == "HEAD":  # not on a branch
+        branch = f"detached at {commit[:12]}"
     status = _git(root, "status", "--porcelain", "--", ".")
     dirty = "unknown" if status is None else ("dirty" if status else "clean")
     return {"git_commit": commit, "git_branch": branch, "git_state": dirty}

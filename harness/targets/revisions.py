@@ -1,0 +1,70 @@
+"""`path:DIR@REV`: a git revision of a source tree, exported into the cache with `git archive`,
+so the user's work tree, index and HEAD are never touched (no checkout, no worktree)."""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.targets import sources
+
+# What a target needs from a commit: TE's package, its version file and the fork config.
+EXPORTED = ("transformer_engine", "build_tools", "VERSION.txt", ".te-repro.toml")
+
+
+def split(value: str) -> tuple[str, str | None]:
+    """`DIR@REV` -> (DIR, REV) when DIR is a directory and `DIR@REV` itself is not; else (value, None)."""
+    head, sep, rev = value.rpartition("@")
+    if not sep or not head or not rev or Path(value).expanduser().exists():
+        return value, None
+    return head, rev
+
+
+def _git(directory: Path, *args: str, binary: bool = False) -> subprocess.CompletedProcess:
+    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # read only: never refresh the user's index
+    return subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=not binary,
+                          check=False, env=env, timeout=120)
+
+
+def export(directory: Path, rev: str, cache: Path) -> tuple[Path, dict[str, str]]:
+    """The tree of `rev` in the git repository holding `directory`, under cache/revisions/
+    (once per commit), and its provenance: commit, the name given, clean (a commit has no
+    uncommitted changes), and where it came from."""
+    directory = directory.expanduser().resolve()
+    if not directory.is_dir():
+        raise UsageError(f"path:{directory}@{rev}: {directory} is not a directory")
+    commit = _git(directory, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    if commit.returncode != 0:
+        raise UsageError(f"path:{directory}@{rev}: {rev!r} is not a commit of the git repository at {directory}"
+                         " (give a branch, tag or commit, e.g. path:DIR@HEAD~1)")
+    sha = commit.stdout.strip()
+    prefix = _git(directory, "rev-parse", "--show-prefix").stdout.strip()
+    tree_ish = f"{sha}:{prefix}" if prefix else sha
+    final = cache / "revisions" / f"{sha[:16]}-{sources.short_hash(prefix.encode())}"
+    provenance = {"git_commit": sha, "git_branch": rev, "git_state": "clean", "revision": f"{directory}@{rev}"}
+    if (final / sources.FUSER_RELPATH).is_file():
+        return final, provenance
+    with sources.file_lock(cache / "locks" / f"revision-{final.name}.lock"):
+        if (final / sources.FUSER_RELPATH).is_file():
+            return final, provenance
+        listed = _git(directory, "ls-tree", "--name-only", tree_ish).stdout.split()
+        wanted = [name for name in EXPORTED if name in listed]
+        if "transformer_engine" not in wanted:
+            raise UsageError(f"path:{directory}@{rev}: commit {sha[:12]} has no transformer_engine/ there")
+        archive = _git(directory, "archive", "--format=tar", tree_ish, "--", *wanted, binary=True)
+        if archive.returncode != 0:
+            raise UsageError(f"path:{directory}@{rev}: git archive failed: "
+                             f"{archive.stderr.decode(errors='replace').strip()}")
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{final.name}-") as tmp:
+            staged = Path(tmp) / "tree"
+            with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+                tar.extractall(staged, filter="data")
+            sources.check_source_tree(staged)
+            staged.rename(final)
+    return final, provenance

@@ -1,0 +1,109 @@
+"""`repro review`: the upstream-sync reviewer's command. It runs the matrix on the base and
+head trees (each also with the fork's patches that apply) as one run, then writes the
+review: review.md (for the pull request) and review.json beside the run's own reports."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from cases.matrix import generate, matrix_names
+from harness import targets
+from harness.errors import UsageError
+from harness.runner import rundir
+from harness.runner.review import patch_assessments, review_specs
+from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
+from harness.targets import sources
+from repro import validate
+from repro.progress import Progress, print_status_line
+from repro.reports import summarize, write_all_formats
+from repro.review import render_review, review
+
+
+def _check_tree_spec(option: str, spec: str) -> None:
+    parsed = targets.parse_spec(spec)
+    if parsed.patch:
+        raise UsageError(f"{option} {spec}: give the tree without +{parsed.patch}; the review adds every patch"
+                         " that applies")
+
+
+def cmd_review(args: argparse.Namespace) -> int:
+    from repro.run_commands import megatron_env, megatron_for_run
+
+    for option, spec in (("--base", args.base), ("--head", args.head)):
+        _check_tree_spec(option, spec)
+    if args.base == args.head:
+        raise UsageError(f"--base and --head are both {args.base}; give two trees or two revisions (path:DIR@REV)")
+    validate.check_only(args.only)
+    validate.check_fork_config(args.fork_config, [args.base, args.head])
+    targets.check_available([args.base, args.head])
+    planned = generate(args.matrix, args.only, args.max_cases)
+    out_dir = Path(args.out or Path("runs") / "review")
+    cache = sources.cache_dir(args.cache_dir)
+    validate.check_out(out_dir, [args.base, args.head], cache)
+    prepared = {spec: targets.prepare(spec, cache, args.offline, args.fork_config) for spec in (args.base, args.head)}
+    regressions = [s.regression.id for s in planned]
+    assessed = {spec: patch_assessments(p, regressions) for spec, p in prepared.items()}
+    specs = review_specs(args.base, args.head, assessed)
+    megatron = megatron_for_run(args.megatron, planned, out_dir, cache, args.offline)
+    with rundir.claim(out_dir), megatron_env(megatron):
+        progress = Progress()
+        started = time.time()
+        try:
+            run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline,
+                             args.max_cases, progress=progress, case_timeout=args.case_timeout,
+                             fork_config=args.fork_config)
+        except (Interrupted, KeyboardInterrupt):
+            progress.close()
+            print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}", file=sys.stderr)
+            return 130
+        progress.close()
+        run["started_at"] = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
+        run["elapsed_s"] = round(time.time() - started, 1)
+        run["summary"] = summarize(run)
+        rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
+        paths = write_all_formats(run, out_dir)
+        found = review(run, args.base, args.head, assessed)
+        rundir.write_atomic(out_dir / "review.json", json.dumps(found, indent=1))
+        text = render_review(found, paths)
+        rundir.write_atomic(out_dir / "review.md", text)
+    sys.stdout.write(text)
+    print_status_line(run, {"review.md": str(out_dir / "review.md"), **paths})
+    for reason in found["fail_reasons"]:
+        print(f"repro: review FAIL: {reason}", file=sys.stderr)
+    return 0 if found["status"] == "PASS" else 1
+
+
+def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
+    import os
+
+    from cases.matrix import MAX_CASES_DEFAULT
+    from harness.megatron.source import DEFAULT_VERSION
+
+    p = sub.add_parser("review", parents=[common],
+                       help="review an upstream sync: run the matrix on the base and head trees (and with the"
+                            " patches that apply) and answer per regression; exit 1 on a regression at head",
+                       epilog="example: repro review --base path:../fork@HEAD~1 --head path:../fork@HEAD")
+    p.add_argument("--base", required=True, metavar="SPEC",
+                   help="the tree before the sync: path:DIR, path:DIR@REV (a git revision, exported into the cache"
+                        " with git archive; the work tree and index are never touched) or te-<x.y.z>")
+    p.add_argument("--head", required=True, metavar="SPEC", help="the tree after the sync, in the same forms")
+    p.add_argument("--matrix", default="all", help=f"what to run: {', '.join(matrix_names())} (default all: the"
+                   " whole catalogue)")
+    p.add_argument("--only", action="append", metavar="AXIS=V[,V]", help="keep only these axis values")
+    p.add_argument("--max-cases", type=validate.positive_int, default=MAX_CASES_DEFAULT,
+                   help="refuse larger selections")
+    p.add_argument("--fork-config", metavar="FILE", help="a fork's TOML config for both trees (default: each tree's"
+                   " own .te-repro.toml)")
+    p.add_argument("--out", help="run dir (default runs/review): the run's reports, review.md and review.json")
+    p.add_argument("-n", "--workers", type=validate.positive_int, default=min(2, os.cpu_count() or 1),
+                   help="xdist workers per target (1 or more)")
+    p.add_argument("--case-timeout", type=validate.positive_float, default=CASE_TIMEOUT_S,
+                   help="seconds (above 0) before a case is recorded as hung")
+    p.add_argument("--megatron", metavar="VERSION|path:DIR",
+                   help=f"the megatron-core the Megatron cases import (default {DEFAULT_VERSION})")
+    p.set_defaults(func=cmd_review)

@@ -1,0 +1,278 @@
+"""The upstream-sync review, on a fork built here with real git from the cached release trees
+(tests/forks.py): declared expectations, the patch in two parts, `repro review`, `repro diff`
+with --map, and reports that fit a pull request."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cases.regressions import REGRESSIONS
+from harness import targets
+from harness.model import Role
+from harness.runner.roles import role_of
+from harness.targets import patching, sources
+from repro import reports
+from repro.render_md import PR_LIMIT
+from tests.conftest import REPO, repro
+from tests.forks import FUSER, Fork, build_fork, git
+
+# Narrow selections (5 and 20 cases per target) keep each run to seconds.
+EXPOSING = ["--matrix", "issue22", "--only", "pipeline=extra_output_only", "--only", "client=ops", "--only",
+            "dtype=float32", "--only", "recompute=none", "--only", "params=trainable", "--only", "grad_mode=no_grad",
+            "--only", "sequence=single", "-n", "1"]
+TWO_PIPELINES = ["--matrix", "issue22", "--only", "pipeline=identity,rmsnorm", "--only", "client=ops", "--only",
+                 "dtype=float32", "--only", "recompute=none", "--only", "params=trainable", "--only",
+                 "grad_mode=no_grad,enabled", "--only", "sequence=single", "-n", "1"]
+ISSUE22 = REGRESSIONS["issue22"]
+
+
+@pytest.fixture(scope="module")
+def fork(tmp_path_factory: pytest.TempPathFactory) -> Fork:
+    return build_fork(tmp_path_factory.mktemp("sync"), sources.cache_dir())
+
+
+def _prepare(spec: str, **kwargs: Any) -> targets.PreparedTarget:
+    return targets.prepare(spec, sources.cache_dir(), **kwargs)
+
+
+# ---- declared expectations and roles ----
+
+def test_a_dev_version_without_a_declaration_is_unknown_never_unpatched(fork: Fork, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.toml"
+    empty.write_text("")
+    lost = _prepare(fork.spec(fork.lost_fix), fork_config=str(empty))
+    assert lost.version == "2.16.0.dev0" and lost.expectations == {}
+    role, why = role_of(ISSUE22, lost)
+    assert role is Role.UNKNOWN and "not a release" in why  # was `unpatched`, from the version number
+
+
+def test_declared_expectation_decides_the_role(fork: Fork, tmp_path: Path) -> None:
+    lost = _prepare(fork.spec(fork.lost_fix))  # the fork's own .te-repro.toml declares issue22 fixed
+    assert lost.expectations == {"issue22": "fixed"}
+    role, why = role_of(ISSUE22, lost)
+    assert role is Role.FIXED_UPSTREAM and why.startswith("declared fixed") and "no fix recognised" in why
+    affected = tmp_path / "affected.toml"
+    affected.write_text('[expect]\nissue22 = "affected"\n')
+    assert role_of(ISSUE22, _prepare(fork.spec(fork.synced), fork_config=str(affected)))[0] is Role.UNPATCHED
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[expect]\nissue99 = "fixed"\n')
+    result = repro("targets", f"path:{fork.repo}", "--fork-config", str(bad), check_rc=2)
+    assert "expect.issue99: unknown regression" in result.stderr and "\n" not in result.stderr.strip()
+
+
+def test_synced_tree_that_lost_the_fix_declared_fixed_fails_the_run(fork: Fork, tmp_path: Path) -> None:
+    spec = fork.spec("lost-fix")
+    result = repro("run", *EXPOSING, "--targets", spec, "--out", str(tmp_path / "run"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    line = f"REGRESSION issue22 on {spec}: declared fixed, yet it fails 3 of 3 affected cases"
+    assert line in result.stderr and line in result.stdout  # stderr, and the status line's headline
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert {r["verdict"] for r in run["results"] if r["expected"] == "affected"} == {"regression"}
+    assert run["started_at"] and isinstance(run["elapsed_s"], float)  # both were null in every run.json
+    assert f"git {fork.lost_fix[:12]} (lost-fix), clean" in result.stdout  # provenance in the status line
+    assert line in (tmp_path / "run" / "report.md").read_text()
+
+
+# ---- the patch in two parts ----
+
+def test_patch_status_across_the_sync(fork: Fork) -> None:
+    backport = patching.load_patch("backport")
+
+    def parts(commit: str) -> patching.Assessment:
+        return patching.assess(Path(_prepare(fork.spec(commit)).root), backport)
+
+    before_fix = parts(fork.upstream_base)
+    assert (before_fix.text, before_fix.fix) == ("applies", "not found")
+    assert before_fix.advice("backport") == "backport is still needed and applies"
+    ours = parts(fork.fork_base)  # the fork's own backport commit: the marker must not mistake it for upstream's
+    assert (ours.text, ours.fix) == ("in the tree", "our patch in the tree")
+    synced = parts(fork.synced)
+    assert synced.text == "stale" and synced.fix == "upstream marker"  # was `already-applied` by marker
+    assert "hunk 1 of 6" in synced.text_detail
+    assert synced.advice("backport").endswith("drop the backport")
+    assert _prepare(fork.spec(fork.synced) + "+backport").patch_text == "stale"
+    listed = repro("targets", fork.spec(fork.synced) + "+backport", check_rc=0).stdout
+    assert "stale" in listed and "upstream marker" in listed
+
+
+def test_a_real_conflict_names_its_hunk_and_is_one_target_line(fork: Fork, tmp_path: Path) -> None:
+    moved = tmp_path / "moved"  # upstream rewrote a line our third hunk needs, without fixing the bug
+    shutil.copytree(Path(_prepare(fork.spec(fork.upstream_base)).root), moved)
+    fuser = moved / FUSER
+    fuser.write_text(fuser.read_text().replace("tensor._do_not_clear = True", "setattr(tensor, '_do_not_clear', True)"))
+    prepared = _prepare(f"path:{moved}+backport")
+    assert prepared.patch_status == "conflict" and prepared.patch_text == "conflict"
+    assert prepared.patch_text_detail == (f"hunk 3 of 6 (@@ -190,7 +192,8 @@) fails at {FUSER}:190; the tree no"
+                                          " longer has `tensor._do_not_clear = True`")  # was "Checking patch ..."
+    result = repro("run", *EXPOSING, "--targets", f"path:{moved}+backport", "--out", str(tmp_path / "run"))
+    assert result.returncode == 1
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    assert run["results"] == [] and len(run["target_problems"]) == 1  # not a harness_error per case
+    assert "hunk 3 of 6" in run["target_problems"][0]["problem"] and "hunk 3 of 6" in result.stderr
+    assert run["summary"]["status"] == "FAIL"
+
+
+# ---- repro review ----
+
+def test_review_of_the_sync_says_drop_the_backport(fork: Fork, tmp_path: Path) -> None:
+    out = tmp_path / "review"
+    before = git(fork.repo, "status", "--porcelain"), git(fork.repo, "rev-parse", "HEAD")
+    result = repro("review", "--base", fork.spec("fork~1"), "--head", fork.spec("fork"), *EXPOSING, "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert (git(fork.repo, "status", "--porcelain"), git(fork.repo, "rev-parse", "HEAD")) == before
+    text = (out / "review.md").read_text()
+    assert text.startswith("# Upstream-sync review: ✅ PASS")
+    found = json.loads((out / "review.json").read_text())
+    (issue22,) = found["regressions"]
+    assert issue22["base"]["role"] == "patched" and issue22["head"]["role"] == "fixed_upstream"
+    assert issue22["drop_backport"] == ["backport"] and "drop the backport" in text
+    assert [a["text"] for a in issue22["patches"]["head"]] == ["stale"]
+    assert found["changes"] == [] and "no regression at head" in text
+    assert f"git {fork.fork_base[:12]} (fork~1), clean" in text and f"git {fork.synced[:12]} (fork), clean" in text
+    for name in ("report.md", "report.html", "junit.xml", "run.json"):
+        assert (out / name).is_file()
+
+
+def test_review_lists_exactly_the_cases_one_edited_op_changes(tmp_path: Path) -> None:
+    released = Path(_prepare("te-2.16.0").root)
+    base, head = tmp_path / "base", tmp_path / "head"
+    for tree in (base, head):
+        shutil.copytree(released / "transformer_engine", tree / "transformer_engine")
+    identity = head / "transformer_engine/pytorch/ops/basic/identity.py"
+    source = identity.read_text()
+    assert source.count("        return input_\n") == 1
+    identity.write_text(source.replace("        return input_\n", "        return input_ * 2\n"))
+    out = tmp_path / "review"
+    result = repro("review", "--base", f"path:{base}", "--head", f"path:{head}", *TWO_PIPELINES, "--out", str(out))
+    assert result.returncode == 1, result.stdout + result.stderr
+    found = json.loads((out / "review.json").read_text())
+    run = json.loads((out / "run.json").read_text())
+    identity_cases = {r["case_id"] for r in run["results"] if r["pipeline"] == "identity"}
+    assert len(identity_cases) == 10 and len(run["results"]) == 40
+    assert {c["case_id"] for c in found["changes"]} == identity_cases  # and no rmsnorm case
+    assert {c["kind"] for c in found["changes"]} == {"new regression"}
+    assert "10 cases pass at base and fail at head" in found["fail_reasons"]
+
+
+# ---- repro diff ----
+
+def _split(run_dir: Path, spec: str, into: Path) -> Path:
+    """One target's part of a stored run, as a run of its own."""
+    run = json.loads((run_dir / "run.json").read_text())
+    run["environment"]["targets"] = [t for t in run["environment"]["targets"] if t["spec"] == spec]
+    run["results"] = [r for r in run["results"] if r["target"] == spec]
+    into.mkdir()
+    (into / "run.json").write_text(json.dumps(run))
+    return into
+
+
+def test_diff_pairs_differently_named_trees_and_flags_pass_to_fail(fork: Fork, tmp_path: Path) -> None:
+    out = tmp_path / "review"
+    base, head = fork.spec("fork~1"), fork.spec("lost-fix")
+    repro("review", "--base", base, "--head", head, *EXPOSING, "--out", str(out), check_rc=1)
+    a, b = _split(out, base, tmp_path / "a"), _split(out, head, tmp_path / "b")
+    result = repro("diff", str(a), str(b), "--map", f"{base}={head}", check_rc=1)
+    lines = result.stdout.splitlines()
+    assert any(base in line and head in line and "--map" in line for line in lines)
+    assert "5 results compared, on 1 paired targets" in result.stdout
+    regressions = [line for line in lines if line.startswith("new regression")]
+    assert len(regressions) == 3 and all(" pass/fixed " in line and "/regression" in line for line in regressions)
+    md = repro("diff", str(a), str(b), "--map", f"{base}={head}", "--format", "md", check_rc=1).stdout
+    assert md.startswith("## repro diff") and "**3 new regression**" in md
+    refused = repro("diff", str(a), str(b), "--map", f"{base}=nope", check_rc=2)
+    assert "'nope' is not a target of run B" in refused.stderr
+
+
+def test_diff_into_a_closed_pipe_ends_quietly() -> None:
+    fixture = REPO / "tests" / "fixtures" / "run-small"
+    process = subprocess.Popen([sys.executable, "-m", "repro", "diff", str(fixture), str(fixture)], cwd=REPO,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert process.stdout is not None and process.stderr is not None
+    process.stdout.close()  # the reader is gone before repro writes a byte (`| head -0`)
+    err = process.stderr.read().decode()
+    process.wait(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err
+
+
+# ---- reports that fit a pull request ----
+
+def test_reports_of_hundreds_of_failures_fit_a_pull_request() -> None:
+    from tests.synthetic import issue22_sized_run
+
+    run = issue22_sized_run(1600)
+    fixed = [r for r in run["results"] if r["target"] == "te-2.13.0+backport" and r["verdict"] == "fixed"]
+    assert len(fixed) > 336
+    for n, record in enumerate(fixed[:400]):  # a fork that lost the fix: many failures, many messages
+        record.update(outcome="crash", verdict="regression", verdict_reason="a patched target was expected to pass",
+                      error={"type": "RuntimeError", "location": f"transformer_engine/pytorch/ops/fuser.py:{100 + n % 3}",
+                             "message": f"failure number {n % 150}: " + "x" * 900, "traceback": "tb " * 500})
+    run["summary"] = reports.summarize(run)
+    for fmt in ("md", "summary"):
+        text = reports.render(run, fmt)
+        assert len(text) < PR_LIMIT, (fmt, len(text))  # each case was listed: well over 65,536 characters
+        assert text.splitlines()[2].startswith("**❌ FAIL**: ")  # the verdict first, after the title
+        assert "## Needs a look (400), 150 signatures" in text and "see report.html" in text
+
+
+# ---- provenance in every report ----
+
+def test_provenance_and_a_dirty_tree_reach_every_report(tmp_path: Path) -> None:
+    from repro.progress import status_line
+
+    tree = tmp_path / "tree"
+    shutil.copytree(Path(_prepare("te-2.13.0").root) / "transformer_engine", tree / "transformer_engine")
+    git(tree, "init", "-q", "-b", "main")
+    git(tree, "add", "-A")
+    git(tree, "commit", "-q", "-m", "import")
+    commit = git(tree, "rev-parse", "HEAD")
+    git(tree, "checkout", "-q", "--detach")
+    (tree / FUSER).write_text((tree / FUSER).read_text() + "\n# local edit\n")
+    prepared = _prepare(f"path:{tree}")
+    assert prepared.provenance == {"git_commit": commit, "git_branch": f"detached at {commit[:12]}",
+                                   "git_state": "dirty"}  # a detached HEAD read "on HEAD"
+    run = json.loads((REPO / "tests/fixtures/run-small/run.json").read_text())
+    run["environment"]["targets"][0]["provenance"] = prepared.provenance
+    run["environment"]["targets"][0]["role_reasons"] = {"issue22": "a reason to show"}
+    said = f"git {commit[:12]} detached at {commit[:12]}, dirty"
+    warning = f"WARNING: {run['environment']['targets'][0]['spec']} is a dirty tree"
+    md, html, junit = (reports.render(run, fmt) for fmt in ("md", "html", "junit"))
+    assert said in md and warning in md and "a reason to show" in md
+    assert said in html and warning in html and "a reason to show" in html
+    assert f'name="git_commit" value="{commit}"' in junit and 'name="git_state" value="dirty"' in junit
+    assert "a reason to show" in junit
+    assert said in status_line(run)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--base", "te-2.13.0+backport", "--head", "te-2.16.0"], "give the tree without +backport"),
+    (["--base", "te-2.16.0", "--head", "te-2.16.0"], "--base and --head are both te-2.16.0"),
+    (["--base", "path:{repo}@no-such-branch", "--head", "te-2.16.0"], "'no-such-branch' is not a commit"),
+])
+def test_bad_review_input_is_one_line(fork: Fork, tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "out"
+    result = repro("review", *(a.format(repo=fork.repo) for a in args), "--out", str(out), check_rc=2)
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert not out.exists()
+
+
+def test_junit_has_an_error_testcase_for_each_result_a_finished_run_lacks() -> None:
+    import xml.etree.ElementTree as ET
+
+    run = json.loads((REPO / "tests/fixtures/run-small/run.json").read_text())
+    spec = run["results"][0]["target"]
+    lost = [{"target": spec, "case_id": f"issue22:lost-{n}", "reason": "its session exited with status -9"}
+            for n in range(3)]
+    run.update(complete=False, missing=3, not_run=lost)
+    root = ET.fromstring(reports.render(run, "junit").encode())
+    errors = root.findall(".//testcase/error[@type='missing']")
+    assert len(errors) == 3 and int(root.get("errors")) == 3  # it said errors=0 while repro exited 1
+    assert all("status -9" in e.get("message") for e in errors)
+    assert {c.get("name") for c in root.findall(".//testcase") if c.find("error") is not None} == \
+        {item["case_id"] for item in lost}
