@@ -176,9 +176,10 @@ def _failures(run: dict[str, Any]) -> list[str]:
     rows = [[str(g["count"]), code(f"{g['type']}: {_clip(g['message'], 60)}"),
              ", ".join(f"{v} {n}" for v, n in g["verdicts"]),
              ", ".join(f"{code(t)} {n}" for t, n in g["targets"]),
-             code(reports.show_command(g["example"]["case_id"], g["example"]["target"]))] for g in groups]
+             code(reports.show_command(g["example"]["case_id"], g["example"]["target"],
+                                       g["example"].get("standalone")))] for g in groups]
     full = [f"- {g['count']} {code(g['type'], False)} at {code(g['location'] or '(no TE frame)', False)}:"
-            f" {code(g['message'], False)}; e.g. {code(reports.show_command(g['example']['case_id'], g['example']['target']), False)}"
+            f" {code(g['message'], False)}; e.g. {code(reports.show_command(g['example']['case_id'], g['example']['target'], g['example'].get('standalone')), False)}"
             for g in groups]
     more = f", {len(groups) - SIGNATURES_LISTED} more below" if len(groups) > SIGNATURES_LISTED else ""
     return [f"## Error signatures ({len(groups)}{more})", *table(headers, rows[:SIGNATURES_LISTED]), "",

@@ -18,7 +18,7 @@ import torch
 
 from cases.axes import INPUTS_REQUIRING_GRAD
 from cases.case import Case
-from cases.clients import BLOCK_RECOMPUTES
+from cases.clients import BLOCK_RECOMPUTES, CLIENTS
 from cases.deviations import split_known
 from cases.pipelines import HIDDEN, PIPELINES
 from cases.regressions import REGRESSIONS
@@ -158,6 +158,23 @@ def build_module(case: Case, target: LoadedTarget) -> torch.nn.Module:
 def missing_features(case: Case, target: LoadedTarget) -> list[str]:
     """The op features the case's pipeline needs that the target's release lacks."""
     return [f for f in PIPELINES[case.pipeline].requires if f not in target.features]
+
+
+def call_not_applicable(case: Case, target: LoadedTarget, spec: str) -> str | None:
+    """Why the call scenario cannot build this case on the loaded target (an op or an op
+    feature the release lacks, or TE's own module a Megatron client subclasses), or None."""
+    from cases.pipelines import ops_used
+
+    if CLIENTS[case.client].uses_megatron and "RMSNorm" not in target.te_modules:
+        # Megatron's TEFusedResidualRMSNorm subclasses te.pytorch.RMSNorm, which must run as shipped.
+        why = target.own_op_fallbacks.get("RMSNorm") or "TE's own te.pytorch.RMSNorm is not loaded"
+        return f"not applicable on this release: {spec}: {why}"
+    missing = [op for op in target.missing_ops if op in ops_used(PIPELINES[case.pipeline])]
+    lacking = missing_features(case, target)
+    if missing or lacking:
+        return (f"not applicable on this release: {spec} lacks {', '.join(missing + lacking)}"
+                + (f" ({target.missing_ops[missing[0]]})" if missing else ""))
+    return None
 
 
 @dataclass

@@ -2,8 +2,8 @@
 
 Decided from what the target is, never from its name: a `+patch` that declares it fixes
 the regression; a fix marker found in the tree (a patch's markers for that regression,
-or the fork's own); else the release version against the regression's first affected
-and first fixed releases; else unknown.
+or the fork's own); else the release version against the regression's affected releases
+(specifier sets, cases/releases.py); else unknown.
 """
 
 from __future__ import annotations
@@ -38,9 +38,14 @@ def role_of(regression: Regression, prepared: PreparedTarget) -> tuple[Role, str
         version = Version(prepared.version)
     except InvalidVersion:
         return Role.UNKNOWN, f"version {prepared.version!r} is not a release number and no fix marker matched"
-    if regression.first_fixed and version >= Version(regression.first_fixed):
-        return Role.FIXED_UPSTREAM, f"release {version} is at or after the first fixed release {regression.first_fixed}"
-    if regression.first_affected and version < Version(regression.first_affected):
-        return Role.PREDATES, f"release {version} predates the first affected release {regression.first_affected}"
-    return Role.UNPATCHED, (f"release {version} is before the first fixed release {regression.first_fixed}"
-                            if regression.first_fixed else f"no release fixes {regression.id} yet")
+    return release_role(regression, version)
+
+
+def release_role(regression: Regression, version: Version) -> tuple[Role, str]:
+    """A release's role from the regression's affected releases (specifier sets)."""
+    affected = regression.affected
+    if affected.contains(version):
+        return Role.UNPATCHED, f"release {version} is in the affected releases {affected}"
+    if affected.predates(version):
+        return Role.PREDATES, f"release {version} predates the affected releases {affected}"
+    return Role.FIXED_UPSTREAM, f"release {version} is outside the affected releases {affected}"
