@@ -264,12 +264,13 @@ def present_values(run: dict[str, Any]) -> dict[str, list[str]]:
     """Per axis, the values the run holds: in the run's declared order, else in stored (matrix) order."""
     declared = run.get("axes") or {}
     seen: dict[str, dict[str, None]] = defaultdict(dict)
+    axes = axes_of(run)
     for record in run["results"]:
-        for axis in axes_of(run):
+        for axis in axes:
             if axis in record:  # a regression's own scenario varies its own axes
                 seen[axis][record[axis]] = None
     return {axis: [v for v in declared.get(axis, []) if v in seen[axis]] +
-            [v for v in seen[axis] if v not in declared.get(axis, [])] for axis in axes_of(run)}
+            [v for v in seen[axis] if v not in declared.get(axis, [])] for axis in axes}
 
 
 def row_label(record: dict[str, Any]) -> str:

@@ -224,7 +224,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     selection = argparse.ArgumentParser(add_help=False)
     selection.add_argument("--matrix", default="issue22",
-                           help=f"a regression id, a preset or all: {', '.join(matrix_names())} (default issue22)")
+                           help=f"(default issue22) a regression id, a preset or all: {', '.join(matrix_names())}")
     selection.add_argument("--only", action="append", metavar="AXIS=V[,V]", help="keep only these axis values")
     selection.add_argument("--max-cases", type=validate.positive_int, default=MAX_CASES_DEFAULT,
                            help="refuse larger selections")

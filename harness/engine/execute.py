@@ -31,6 +31,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 OUTCOME_OF_CHECK = {
     "completion": Outcome.CRASH, "outputs": Outcome.WRONG_OUTPUT, "output_requires_grad": Outcome.WRONG_OUTPUT,
     "gradients": Outcome.WRONG_GRAD, "caller_tensors": Outcome.SIDE_EFFECT,
+    "observations": Outcome.SIDE_EFFECT,  # a regression's own scenario: what its steps observed differs
 }
 
 
@@ -256,14 +257,22 @@ def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
             failed["gradients"] = f
     if f := checks.check_caller_tensors(test.before, test.after, ref.before, ref.after, flags_only=error is not None):
         failed["caller_tensors"] = f
+    record = checked(case, failed, error, started)
+    record.update(error_fields)
+    return record
+
+
+def checked(case: Case, failed: dict[str, list[str]], error: dict[str, Any] | None, started: float,
+            note: str | None = None) -> dict[str, Any]:
+    """The observation from the checks' failures: those a known deviation of the case's
+    regression explains set apart, a crash first, the outcome from the first failed check."""
     failed, known = split_known(case, REGRESSIONS[case.regression].deviations, failed)
     if error is not None:
         failed = {"completion": [f"{error['type']}: {error['message'].splitlines()[0] if error['message'] else ''}"],
                   **failed}
     outcome = next((OUTCOME_OF_CHECK[c] for c in OUTCOME_OF_CHECK if c in failed), Outcome.PASS)
-    record = observation(outcome, failed, error, started)
+    record = observation(outcome, failed, error, started, note=note)
     record["known_deviations"] = known
-    record.update(error_fields)
     return record
 
 

@@ -20,18 +20,11 @@ from typing import Any
 import torch
 
 from cases.case import Case
-from cases.deviations import split_known
-from cases.regressions import REGRESSIONS
 from cases.scenario import Scenario, Steps
 from harness.engine import checks
-from harness.engine.execute import observation
+from harness.engine.execute import checked, observation
 from harness.engine.frames import error_record
 from harness.model import Outcome
-
-OUTCOME_OF_CHECK = {
-    "completion": Outcome.CRASH, "observations": Outcome.SIDE_EFFECT, "outputs": Outcome.WRONG_OUTPUT,
-    "gradients": Outcome.WRONG_GRAD, "caller_tensors": Outcome.SIDE_EFFECT,
-}
 
 
 @contextlib.contextmanager
@@ -108,13 +101,7 @@ def run_trial(case: Case, target: Any, scenario: Scenario) -> dict[str, Any]:
             failed["gradients"] = f
     if f := checks.check_caller_tensors(test.before, test.after, ref.before, ref.after, flags_only=error is not None):
         failed["caller_tensors"] = f
-    failed, known = split_known(case, REGRESSIONS[case.regression].deviations, failed)
-    if error is not None:
-        failed = {"completion": [f"{error['type']}: {error['message'].splitlines()[0] if error['message'] else ''}"],
-                  **failed}
-    outcome = next((OUTCOME_OF_CHECK[c] for c in OUTCOME_OF_CHECK if c in failed), Outcome.PASS)
     note = f"the scenario left {'; '.join(left_behind)} changed (put back)" if left_behind else None
-    record = observation(outcome, failed, error, started, note=note)
-    record["known_deviations"] = known
+    record = checked(case, failed, error, started, note)
     record["observations"] = trial.test.observed
     return record
