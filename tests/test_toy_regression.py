@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from packaging.version import Version
 
 from cases.case import Case
@@ -151,3 +152,67 @@ def test_own_axes_keep_ids_and_take_no_other_pipeline() -> None:
 
     assert REGRESSIONS["issue22"].axes is not axes.AXES
     assert REGRESSIONS["issue22"].axes["pipeline"] == axes.AXES["pipeline"]
+
+
+def test_trial_puts_back_what_a_scenario_changed() -> None:
+    """A scenario that leaves grad mode or the environment changed gets them put back, said in
+    the record's note; the trial's own cleanup runs even when the target's steps raise."""
+    from cases.scenario import Scenario, Steps, Trial
+    from harness.engine.trial import run_trial
+
+    cleaned: list[bool] = []
+
+    def leaky(case: Case, target: object) -> Trial:
+        def test() -> tuple:
+            torch.set_grad_enabled(False)
+            os.environ["TE_REPRO_TOY_LEAK"] = "1"
+            raise RuntimeError("boom")
+
+        return Trial(test=Steps(test), reference=Steps(lambda: (torch.ones(1),)), cleanup=lambda: cleaned.append(True))
+
+    class Target:
+        te_dir = None
+
+    scenario = Scenario("leaky", "changes process state", {"x": ("1",)}, trial=leaky)
+    record = run_trial(Case("issue22", *(values[0] for values in REGRESSIONS["issue22"].axes.values())), Target(),
+                       scenario)
+    assert torch.is_grad_enabled() and "TE_REPRO_TOY_LEAK" not in os.environ and cleaned == [True]
+    assert record["outcome"] == "crash" and record["error"]["type"] == "RuntimeError"
+    assert "grad mode False" in record["note"] and "TE_REPRO_TOY_LEAK" in record["note"]
+
+
+def test_records_say_whether_a_standalone_reproducer_exists() -> None:
+    from harness.runner.records import finish
+    from repro import reports
+
+    observed = {"outcome": "pass", "failed_checks": [], "details": {}, "error": None, "side_effects": [],
+                "known_deviations": [], "note": None, "duration_s": 0.0}
+    axes = {a: v[0] for a, v in REGRESSIONS["issue22"].axes.items()}
+    ops = finish(Case("issue22", **axes), "te-2.13.0", Role.UNPATCHED, observed)
+    block = finish(Case("issue22", **{**axes, "client": "megatron_block"}), "te-2.13.0", Role.UNPATCHED, observed)
+    assert ops["standalone"] is True and ops["standalone_refusal"] is None
+    assert block["standalone"] is False and "Megatron's own modules" in block["standalone_refusal"]
+    assert "--standalone" in reports.show_command(ops["case_id"], "te-2.13.0", ops["standalone"])
+    assert "--standalone" not in reports.show_command(block["case_id"], "te-2.13.0", block["standalone"])
+    assert reports.reproduce_command(block["case_id"], "te-2.13.0", False).endswith("> case.py && python case.py")
+
+
+def test_sweep_tells_the_api_missing_from_affected() -> None:
+    from harness.runner.sweep import compare_ranges, release_row
+
+    def record(version: str, outcome: str, verdict: str, note: str | None = None) -> dict:
+        return {"target": f"te-{version}", "outcome": outcome, "verdict": verdict, "expected": "affected",
+                "failed_checks": [], "note": note}
+
+    results = [record("2.6.0", "not_applicable", "not_applicable", "te.pytorch has no quantized_model_init"),
+               record("2.7.0", "crash", "reproduced"), record("2.10.0", "pass", "fixed")]
+    rows = [release_row(v, results) for v in ("2.6.0", "2.7.0", "2.10.0")]
+    assert [r["state"] for r in rows] == ["not applicable", "affected", "fixed"]
+    assert rows[0]["reason"] == "te.pytorch has no quantized_model_init"
+    agreed = compare_ranges(REGRESSIONS["quantize_model_init"], rows)  # declared >=2.7.0,<2.10.0
+    assert agreed["observed"] == agreed["declared_over_swept"] == ["2.7.0"] and agreed["not_applicable"] == ["2.6.0"]
+    assert agreed["disagree"] == []
+    wider = compare_ranges(REGRESSIONS["issue22"], rows)  # declared >=2.6.0,<2.16.0
+    assert wider["declared_over_swept"] == ["2.6.0..2.10.0"]
+    assert wider["disagree"] == ["2.10.0 (declared affected, observed fixed)",
+                                 "2.6.0 (declared affected, not applicable: te.pytorch has no quantized_model_init)"]
