@@ -94,13 +94,16 @@ def first_fixed(rows: list[dict[str, Any]]) -> str | None:
 
 
 def not_monotonic(rows: list[dict[str, Any]]) -> list[str]:
-    """Releases that reproduce after an earlier release passed: a fix that came and went."""
-    seen_fixed, found = False, []
+    """Releases that reproduce after a release that passed, itself after one that reproduced:
+    a fix that came and went (releases passing before the bug came in do not count)."""
+    seen_affected, seen_fixed, found = False, False, []
     for row in rows:
-        if row["state"] == "fixed":
+        if row["state"] == "fixed" and seen_affected:
             seen_fixed = True
-        elif row["state"] == "affected" and seen_fixed:
-            found.append(row["release"])
+        elif row["state"] == "affected":
+            if seen_fixed:
+                found.append(row["release"])
+            seen_affected = True
     return found
 
 
