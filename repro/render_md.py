@@ -80,7 +80,9 @@ def status_block(run: dict[str, Any], reviewed: bool = False) -> list[str]:
         about = [plain(info["title"])] if info.get("title") else []
         if info.get("upstream"):
             about.append(f"upstream {plain(info['upstream'])}")
-        if info.get("first_fixed"):
+        if "||" in (info.get("affected") or ""):  # a fix that came and went: one "fixed in" would mislead
+            about.append(f"affected releases {code(info['affected'], False)}")
+        elif info.get("first_fixed"):
             about.append(f"fixed in {plain(info['first_fixed'])}")
         lines.append(f"**{plain(regression)}**" + (f" ({'; '.join(about)})" if about else "") + ":")
         lines += [f"- {plain(line)}" for line in said] or ["- (no headline stored)"]

@@ -46,6 +46,8 @@ def test_reproduced_on_2_17_0_and_refused_where_fixed(tmp_path: Path) -> None:
     # A state dict TE saved itself still loads, and the loaded module computes the reference's outputs.
     assert {r["verdict"] for (_, kind), r in records.items() if kind == "round_trip"} == {"unaffected"}
     assert all(r["standalone"] for r in records.values())
+    # The report names the declared ranges, not one "fixed in" that 2.17.0 contradicts.
+    assert "affected releases `<2.16.1 || ==2.17.0`" in (out / "report.md").read_text()
 
 
 def test_standalone_script_writes_the_scenario_steps() -> None:
