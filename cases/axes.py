@@ -1,5 +1,7 @@
-"""The case axes. These names and values are stable: case ids, CLI filters, JSON and
-reports use them. A case id is its regression id and its axis values in this order."""
+"""The call scenario's axes (cases/scenarios.py). These names and values are stable: case
+ids, CLI filters, JSON and reports use them. A regression of that scenario names the
+values it varies (cases/regression.py `own_axes`); a case id is its regression id and its
+axis values in this order. A value added here joins no regression's matrix by itself."""
 
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ INPUTS_REQUIRING_GRAD = ("leaf_requires_grad", "non_leaf", "view")
 NON_LEAF_INPUTS = ("non_leaf", "view")
 
 
-def narrowed(**chosen: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-    """A preset: each axis at its first value, except the axes given."""
-    return {axis: chosen.get(axis, values[:1]) for axis, values in AXES.items()}
+def narrowed(over: dict[str, tuple[str, ...]] = AXES, **chosen: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+    """A preset over the axes `over` (a regression's own): each axis at its first value,
+    except the axes given."""
+    return {axis: chosen.get(axis, values[:1]) for axis, values in over.items()}

@@ -1,42 +1,93 @@
-"""One case: a regression id and one value per axis. Its id is built from those values,
-so it is stable without enumerating the combinations that cannot run."""
+"""One case: a regression id and one value per axis of that regression. Its id is built
+from those values, in the regression's axis order, so it is stable without enumerating
+the combinations that cannot run. Each regression has its own axes (cases/regression.py);
+an axis it does not vary is not in its case ids."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-
-from cases.axes import AXES
+from typing import Any
 
 
-@dataclass(frozen=True)
+def axis_names(regression: str) -> tuple[str, ...] | None:
+    """The axes of a known regression, in id order; None for an unknown one."""
+    from cases.regressions import REGRESSIONS  # here: the regression modules build Cases' rules
+
+    known = REGRESSIONS.get(regression)
+    return tuple(known.axes) if known is not None else None
+
+
 class Case:
+    """A regression id and its axis values; `case.pipeline` reads the axis `pipeline`.
+
+    Built positionally (`Case("issue22", "ops", ...)`, the regression's axis order) or by
+    name (`Case("issue22", client="ops", ...)`, reordered into the regression's order)."""
+
+    __slots__ = ("regression", "values")
     regression: str
-    client: str
-    pipeline: str
-    grad_mode: str
-    input: str
-    params: str
-    recompute: str
-    sequence: str
-    grad_form: str
-    dtype: str
-    device: str
+    values: tuple[tuple[str, str], ...]
+
+    def __init__(self, regression: str, *positional: str, **named: str) -> None:
+        axes = axis_names(regression)
+        if positional:
+            if named or axes is None or len(positional) != len(axes):
+                raise TypeError(f"case of {regression}: {len(positional)} values for axes {axes}")
+            values = tuple(zip(axes, positional))
+        elif axes is not None:
+            if set(named) != set(axes):
+                raise TypeError(f"case of {regression}: axes {sorted(named)}, expected {list(axes)}")
+            values = tuple((axis, named[axis]) for axis in axes)
+        else:
+            values = tuple(named.items())
+        object.__setattr__(self, "regression", regression)
+        object.__setattr__(self, "values", values)
+
+    def __getattr__(self, name: str) -> str:
+        if name.startswith("__") or name in Case.__slots__:
+            raise AttributeError(name)
+        for axis, value in self.values:
+            if axis == name:
+                return value
+        raise AttributeError(f"case {self.case_id} has no axis {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("a Case is immutable")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Case) and (self.regression, self.values) == (other.regression, other.values)
+
+    def __hash__(self) -> int:
+        return hash((self.regression, self.values))
+
+    def __repr__(self) -> str:
+        return f"Case({self.case_id!r})"
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_restore, (self.regression, self.values))
+
+    def get(self, axis: str, default: str | None = None) -> str | None:
+        """The axis value, or `default` when the regression does not vary that axis."""
+        return dict(self.values).get(axis, default)
 
     @property
     def case_id(self) -> str:
-        return f"{self.regression}:" + "-".join(getattr(self, axis) for axis in AXES)
+        return f"{self.regression}:" + "-".join(value for _, value in self.values)
 
     @classmethod
     def from_id(cls, case_id: str) -> Case:
-        """The inverse of `case_id`; ValueError when it is not one."""
+        """The inverse of `case_id`; ValueError when it is not one of a known regression."""
         regression, sep, values = case_id.partition(":")
+        axes = axis_names(regression)
         parts = values.split("-")
-        if not sep or len(parts) != len(AXES):
+        if not sep or axes is None or len(parts) != len(axes):
             raise ValueError(f"not a case id: {case_id!r}")
         return cls(regression, *parts)
 
     def axes(self) -> dict[str, str]:
-        return {axis: getattr(self, axis) for axis in AXES}
+        return dict(self.values)
 
     def as_dict(self) -> dict[str, str]:
-        return asdict(self)
+        return {"regression": self.regression, **dict(self.values)}
+
+
+def _restore(regression: str, values: tuple[tuple[str, str], ...]) -> Case:
+    return Case(regression, **dict(values))

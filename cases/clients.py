@@ -47,8 +47,10 @@ CLIENTS: dict[str, ClientInfo] = {
 
 
 def needs_megatron(case: Case) -> bool:
-    """Whether the case's process must import Megatron (its client, or its recompute wrapper)."""
-    return CLIENTS[case.client].uses_megatron or case.recompute == "megatron"
+    """Whether the case's process must import Megatron (its client, or its recompute wrapper);
+    a case of a scenario without these axes does not."""
+    client = CLIENTS.get(case.get("client") or "")
+    return (client is not None and client.uses_megatron) or case.get("recompute") == "megatron"
 
 
 def client_exclusion(case: Case) -> str | None:

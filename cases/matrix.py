@@ -1,9 +1,11 @@
-"""Case generation: the valid cases of a regression's preset, with the combinations that
-cannot run counted by reason (counts, not records), and `--only` filters.
+"""Case generation: the valid cases of a regression's preset, over that regression's own
+axes, with the combinations that cannot run counted by reason (counts, not records), and
+`--only` filters.
 
-The rules that make a combination meaningless for every regression live in
-`common_exclusion`; a regression adds its own through `Regression.exclude`. Case ids are
-built from axis values, so they are stable however many combinations are excluded.
+The rules that make a combination meaningless for every regression of a scenario live
+with the scenario (`Scenario.exclude`, asked through `common_exclusion`); a regression
+adds its own through `Regression.exclude`. Case ids are built from axis values, so they
+are stable however many combinations are excluded.
 """
 
 from __future__ import annotations
@@ -12,10 +14,7 @@ import itertools
 from collections import Counter
 from dataclasses import dataclass
 
-from cases.axes import AXES
 from cases.case import Case
-from cases.clients import client_call_exclusion, client_exclusion
-from cases.pipelines import PIPELINES
 from cases.regression import Regression
 from cases.regressions import REGRESSIONS
 from harness.errors import UsageError
@@ -27,21 +26,13 @@ ALL = "all"
 
 
 def common_exclusion(case: Case) -> str | None:
-    """Why a combination makes no sense for any regression, or None."""
-    if reason := client_exclusion(case):
-        return reason
-    if case.recompute != "none" and case.grad_mode != "enabled":
-        return f"recompute wrappers run inside a training step; not under grad_mode={case.grad_mode}"
-    if case.sequence == "recompute_pattern" and (case.grad_mode != "enabled" or case.recompute != "none"):
-        return "recompute_pattern sets its own grad modes (no_grad, then grad, then backward)"
-    pipeline = PIPELINES[case.pipeline]
-    if pipeline.in_place_extra_input and (case.recompute != "none" or case.sequence != "single"):
-        return "in-place accumulation into the caller's residual is not recompute-safe: a recompute adds it again"
-    if case.params == "frozen" and not pipeline.has_params:
-        return f"{case.pipeline} has no parameters to freeze"
-    if case.grad_form == "expanded" and case.grad_mode in ("no_grad", "inference_mode"):
-        return "no backward runs under no_grad or inference_mode, so there is no upstream gradient form"
-    return client_call_exclusion(case)
+    """Why a combination makes no sense for any regression of the case's scenario, or None."""
+    return REGRESSIONS[case.regression].scenario.exclude(case)
+
+
+def exclusion(case: Case) -> str | None:
+    """Why a combination is not a valid case of its regression, or None."""
+    return common_exclusion(case) or REGRESSIONS[case.regression].exclude(case)
 
 
 @dataclass(frozen=True)
@@ -57,31 +48,46 @@ def matrix_names() -> list[str]:
     return [*REGRESSIONS, *ISSUE22_PRESETS, ALL]
 
 
-def parse_filters(only: list[str] | None) -> dict[str, tuple[str, ...]]:
-    """`--only axis=v1,v2` into {axis: values}, checked against AXES; an axis given twice is refused."""
+def known_axes(regressions: list[Regression]) -> dict[str, tuple[str, ...]]:
+    """Every axis the regressions vary, with the union of their values, in first-seen order."""
+    axes: dict[str, tuple[str, ...]] = {}
+    for regression in regressions:
+        for axis, values in regression.axes.items():
+            axes[axis] = tuple(dict.fromkeys(axes.get(axis, ()) + values))
+    return axes
+
+
+def parse_filters(only: list[str] | None, regressions: list[Regression] | None = None) -> dict[str, tuple[str, ...]]:
+    """`--only axis=v1,v2` into {axis: values}, checked against the regressions' axes (every
+    regression's when none are given); an axis given twice is refused."""
+    axes = known_axes(regressions if regressions is not None else list(REGRESSIONS.values()))
     filters: dict[str, tuple[str, ...]] = {}
     for item in only or []:
         axis, sep, values = item.partition("=")
-        if not sep or axis not in AXES:
-            raise UsageError(f"bad filter {item!r}; use axis=value[,value] with axis one of: {', '.join(AXES)}")
+        if not sep or axis not in axes:
+            raise UsageError(f"bad filter {item!r}; use axis=value[,value] with axis one of: {', '.join(axes)}")
         if axis in filters:
             raise UsageError(f"--only names {axis} twice; give its values once, comma-separated: {axis}=v1,v2")
         chosen = tuple(v for v in values.split(",") if v)
-        unknown = [v for v in chosen if v not in AXES[axis]]
+        unknown = [v for v in chosen if v not in axes[axis]]
         if unknown or not chosen:
-            raise UsageError(f"unknown {axis} value {','.join(unknown) or '(none)'}; valid: {', '.join(AXES[axis])}")
+            raise UsageError(f"unknown {axis} value {','.join(unknown) or '(none)'}; valid: {', '.join(axes[axis])}")
         filters[axis] = chosen
     return filters
 
 
 def select(regression: Regression, preset: str, only: list[str] | None = None) -> Selection:
+    """The preset's valid cases. A filter on an axis this regression does not vary selects
+    none of its cases (no value of it can match)."""
     axes = dict(regression.presets[preset])
     for axis, values in parse_filters(only).items():
         axes[axis] = tuple(v for v in axes.get(axis, ()) if v in values)
+        if axis not in regression.axes:
+            return Selection(regression, [], Counter())
     cases, excluded = [], Counter[str]()
-    for combination in itertools.product(*(axes[axis] for axis in AXES)):
+    for combination in itertools.product(*(axes[axis] for axis in regression.axes)):
         case = Case(regression.id, *combination)
-        reason = common_exclusion(case) or regression.exclude(case)
+        reason = regression.scenario.exclude(case) or regression.exclude(case)
         if reason:
             excluded[reason] += 1
         else:
@@ -121,17 +127,21 @@ def selections_of(case_ids: list[str]) -> list[Selection]:
     valid case of a known regression is refused with the reason."""
     by_regression: dict[str, list[Case]] = {}
     for case_id in dict.fromkeys(case_ids):
+        regression_id, sep, _ = case_id.partition(":")
+        if not sep:
+            raise UsageError(f"{case_id!r} is not a case id; expected REGRESSION:AXIS-VALUES") from None
+        if regression_id not in REGRESSIONS:
+            raise UsageError(f"case {case_id}: unknown regression {regression_id!r}; valid: {', '.join(REGRESSIONS)}")
+        axes = REGRESSIONS[regression_id].axes
         try:
             case = Case.from_id(case_id)
         except ValueError:
-            raise UsageError(f"{case_id!r} is not a case id; expected REGRESSION:" + "-".join(AXES)) from None
-        if case.regression not in REGRESSIONS:
-            raise UsageError(f"case {case_id}: unknown regression {case.regression!r}; valid: {', '.join(REGRESSIONS)}")
+            raise UsageError(f"{case_id!r} is not a case id; expected {regression_id}:" + "-".join(axes)) from None
         for axis, value in case.axes().items():
-            if value not in AXES[axis]:
+            if value not in axes[axis]:
                 raise UsageError(f"case {case_id}: {axis}={value} is not a value of that axis; "
-                                 f"valid: {', '.join(AXES[axis])}")
-        if reason := common_exclusion(case) or REGRESSIONS[case.regression].exclude(case):
+                                 f"valid: {', '.join(axes[axis])}")
+        if reason := exclusion(case):
             raise UsageError(f"case {case_id} is not a valid case: {reason}")
         by_regression.setdefault(case.regression, []).append(case)
     return [Selection(REGRESSIONS[rid], cases, Counter()) for rid, cases in by_regression.items()]

@@ -1,5 +1,7 @@
-"""What a regression declares, in the style of PyTorch's OpInfo/XFailRule: the cases it
-is tested on, the symptom each rule predicts, the fixes, and the releases it affects.
+"""What a regression declares, in the style of PyTorch's OpInfo/XFailRule: its scenario
+(the trigger), the axes it varies, the symptom each rule predicts, what a fixed target may
+do instead of behaving like the reference, the fixes, the releases it affects (specifier
+sets) and what a loaded target must offer for its cases to apply.
 
 A regression module under `cases/regressions/` defines one `REGRESSION`. The engine
 only observes; `Symptom.matches` and `predict` compare an observation with a rule.
@@ -13,6 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cases.case import Case
+from cases.releases import Releases
+from cases.scenario import Scenario
+from cases.scenarios import CALL
 
 
 @dataclass(frozen=True)
@@ -27,6 +32,7 @@ class Symptom:
     frame: str | None = None  # the innermost TE frame's file, e.g. "pytorch/ops/fuser.py"
     side_effect: str | None = None  # regex searched in the recorded side effects
     wrong_gradient: str | None = None  # regex searched in the gradient check's failures
+    observed: str | None = None  # regex searched in the scenario's own observations that differ from the reference's
     # "file suffix:function" of frames the observed traceback must hold, in this order (others may
     # come between); read from the record's `frames`, which Megatron client cases store.
     frames: tuple[str, ...] = ()
@@ -45,7 +51,10 @@ class Symptom:
                 return False
         if self.side_effect and not any(re.search(self.side_effect, s) for s in observation.get("side_effects") or []):
             return False
-        gradients = (observation.get("details") or {}).get("gradients") or []
+        details = observation.get("details") or {}
+        if self.observed and not any(re.search(self.observed, o) for o in details.get("observations") or []):
+            return False
+        gradients = details.get("gradients") or []
         return not (self.wrong_gradient and not any(re.search(self.wrong_gradient, g) for g in gradients))
 
 
@@ -60,12 +69,16 @@ def _frames_in_order(expected: tuple[str, ...], observed: list[Mapping[str, Any]
 
 @dataclass(frozen=True)
 class Rule:
-    """An expected failure: the cases it applies to and the one symptom it predicts."""
+    """An expected failure: the cases it applies to and the one symptom it predicts. On a
+    target expected to be fixed these cases pass, or show one of `fixed_behaviours` (a
+    fix that is a clear refusal, e.g. a named exception and message); any other failure
+    there is still a regression."""
 
     name: str
     applies: Callable[[Case], bool]
     symptom: Symptom
     why: str
+    fixed_behaviours: tuple[Symptom, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -86,14 +99,17 @@ class Prediction:
     rule: Rule | None
     reason: str
 
+    @property
+    def fixed_behaviours(self) -> tuple[Symptom, ...]:
+        return self.rule.fixed_behaviours if self.rule else ()
+
 
 @dataclass(frozen=True)
 class Regression:
     id: str
     title: str
     upstream: str  # the upstream issue or PR
-    first_affected: str | None  # the first release with the bug, as far as known (None: before 2.1.0)
-    first_fixed: str | None
+    affected: Releases  # the releases with the bug, as specifier sets
     patches: tuple[str, ...]  # names in patches/ that fix it
     rules: tuple[Rule, ...]
     exclude: Callable[[Case], str | None]  # why a combination is not a valid case, or None
@@ -101,6 +117,36 @@ class Regression:
     default_targets: tuple[str, ...]
     deviations: tuple[Deviation, ...] = ()
     unaffected_reason: Callable[[Case], str] = field(default=lambda case: "no rule applies")
+    scenario: Scenario = CALL  # the trigger; the call scenario unless the regression brings its own
+    # The axes it varies, in case-id order, each with the values it knows (a subset of the
+    # scenario's); None: all of the scenario's. An axis not here is not in its case ids.
+    own_axes: dict[str, tuple[str, ...]] | None = None
+    # Why a loaded target cannot take the regression's cases (an API or symbol it lacks), or None.
+    applicable: Callable[[Any], str | None] = lambda target: None
+
+    def __post_init__(self) -> None:
+        unknown = {a: v for a, v in self.axes.items()
+                   if a not in self.scenario.axes or set(v) - set(self.scenario.axes[a])}
+        if unknown:
+            raise ValueError(f"regression {self.id}: axes {unknown} are not the {self.scenario.name} scenario's")
+        for name, preset in self.presets.items():
+            if list(preset) != list(self.axes):
+                raise ValueError(f"regression {self.id}: preset {name} names axes {list(preset)}, "
+                                 f"its axes are {list(self.axes)}")
+
+    @property
+    def axes(self) -> dict[str, tuple[str, ...]]:
+        return self.own_axes if self.own_axes is not None else self.scenario.axes
+
+    @property
+    def first_affected(self) -> str | None:
+        bound = self.affected.lower_bound()
+        return str(bound) if bound else None
+
+    @property
+    def first_fixed(self) -> str | None:
+        bound = self.affected.first_fixed()
+        return str(bound) if bound else None
 
     def predict(self, case: Case) -> Prediction:
         for rule in self.rules:

@@ -100,6 +100,10 @@ class CaseResult(BaseModel):
     verdict_reason: str = ""
     note: str | None = None
     duration_s: float = 0.0
+    # Whether `repro show --script --standalone` can write this case's steps, and why not.
+    standalone: bool | None = None
+    standalone_refusal: str | None = None
+    observations: dict[str, Any] | None = None  # a regression's own scenario: what its steps observed
     # The Megatron clients' crash only: its frames, the table against the report's, and
     # whether it is the report's error.
     frames: list[FrameInfo] | None = None
@@ -151,9 +155,12 @@ class RegressionInfo(BaseModel):
     id: str
     title: str
     upstream: str
-    first_affected: str | None
-    first_fixed: str | None
+    affected: str | None = None  # the affected releases as specifier sets, "||" between ranges
+    first_affected: str | None  # the lowest bound of `affected`, for renderers of older runs
+    first_fixed: str | None  # the upper bound of its lowest range
     patches: list[str]
+    axes: list[str] = []  # the axes its case ids are built from, in order
+    scenario: str | None = None
 
 
 class Run(BaseModel):

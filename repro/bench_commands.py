@@ -52,18 +52,19 @@ def render_notes(perf: dict[str, Any]) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    specs = validate.target_specs(args.targets, None, bench.DEFAULT_TARGETS)
+    specs = validate.target_specs(args.targets, None, bench.default_targets(args.matrix))
+    upstream = args.upstream or bench.default_upstream(args.matrix, specs)
     validate.check_only(args.only)
     modes = bench.parse_modes(args.modes)
     shapes = bench.parse_shapes(args.shapes)
     generate(args.matrix, args.only)
-    if args.fail_on_slowdown is not None and bench_stats.pairings(specs, args.upstream)[
+    if args.fail_on_slowdown is not None and bench_stats.pairings(specs, upstream)[
             bench_stats.BACKPORT_VS_UNPATCHED] is None:
         raise UsageError("--fail-on-slowdown needs a +backport target and its unpatched base among --targets")
     out_dir = Path(args.out or Path("runs") / f"bench-{args.matrix}")
     try:
         perf = bench.run_bench(args.matrix, args.only, specs, modes, args.rounds, args.min_run_time, out_dir,
-                               sources.cache_dir(args.cache_dir), args.offline, args.upstream, _progress, shapes)
+                               sources.cache_dir(args.cache_dir), args.offline, upstream, _progress, shapes)
     except bench.BenchWorkerError as exc:
         print(f"repro bench: error: {exc}", file=sys.stderr)
         return 1
@@ -92,9 +93,11 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--matrix", default="smoke", help=f"preset whose pipelines and dtypes to bench: {', '.join(matrix_names())}"
                    " (default smoke)")
     p.add_argument("--only", action="append", metavar="AXIS=V[,V]", help="keep only these axis values (only pipeline, dtype and device matter here; modes come from --modes)")
-    p.add_argument("--targets", help=f"comma-separated specs (default {','.join(bench.DEFAULT_TARGETS)})")
-    p.add_argument("--upstream", default=bench.DEFAULT_UPSTREAM, help="the upstream-fixed target for "
-                   f"'{bench_stats.BACKPORT_VS_UPSTREAM}' (default {bench.DEFAULT_UPSTREAM})")
+    p.add_argument("--targets", help=f"comma-separated specs (default {','.join(bench.DEFAULT_TARGETS)} for issue22 and "
+                   "its presets, else the regression's own default targets)")
+    p.add_argument("--upstream", help="the upstream-fixed target for "
+                   f"'{bench_stats.BACKPORT_VS_UPSTREAM}' (default {bench.DEFAULT_UPSTREAM} for issue22, else the first "
+                   "plain release among the targets other than the patched one's base)")
     p.add_argument("--modes", help=f"comma-separated modes (default all: {', '.join(bench.MODES)})")
     p.add_argument("--shapes", help=f"comma-separated shapes (default all: {', '.join(bench.SHAPES)}; "
                    + "; ".join(f"{n}: {s.description}" for n, s in bench.SHAPES.items()) + ")")

@@ -29,7 +29,7 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 VERDICT_SEVERITY = ("harness_error", "regression", "unexpected_pass", "other_failure", "reproduced", "fixed",
                     "unaffected", "not_applicable", "skipped")
 EXTRA_FIELDS = ("note", "error", "details", "known_deviations", "failed_checks", "side_effects", "verdict_reason",
-                "expected", "predicted")
+                "expected", "predicted", "standalone")
 
 
 def json_for_script(value: Any) -> str:
@@ -75,7 +75,9 @@ def grid_data(run: dict[str, Any]) -> dict[str, Any]:
         for axis, value in zip(axes, found):
             if value not in values[axis]:
                 values[axis].append(value)
-    dims = [regressions, *(values[a] for a in axes)]
+    # A regression's own scenario lacks some axes: its cases take "" there.
+    blanks = {a for a in axes for r in run["results"] if a not in r}
+    dims = [regressions, *(values[a] + [""] * (a in blanks) for a in axes)]
     index = [{v: i for i, v in enumerate(d)} for d in dims]
     outcomes, verdicts = list(reports.OUTCOMES), list(VERDICT_SEVERITY)
     target_index = {spec: i for i, spec in enumerate(specs)}
@@ -96,7 +98,7 @@ def grid_data(run: dict[str, Any]) -> dict[str, Any]:
     for record in run["results"]:
         if record["outcome"] == "skipped":  # repro.run/1: an infeasible case, not drawn
             continue
-        item = entry(record["case_id"], [reports.regression_of(record), *(record[a] for a in axes)])
+        item = entry(record["case_id"], [reports.regression_of(record), *(record.get(a, "") for a in axes)])
         t = target_index[record["target"]]
         outcome = outcomes.index(record["outcome"]) if record["outcome"] in outcomes else len(outcomes) - 1
         verdict = verdicts.index(record["verdict"]) if record["verdict"] in verdicts else len(verdicts) - 1
@@ -145,7 +147,8 @@ def render_html(run: dict[str, Any]) -> str:
     css, js = (TEMPLATES / "report.css").read_text(), (TEMPLATES / "report.js").read_text()
     csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; img-src data:;"
            " base-uri 'none'; form-action 'none'")
-    groups = [{**g, "command": reports.show_command(g["example"]["case_id"], g["example"]["target"])}
+    groups = [{**g, "command": reports.show_command(g["example"]["case_id"], g["example"]["target"],
+                                                    g["example"].get("standalone"))}
               for g in reports.failure_groups(run)]
     environment = {"torch": "?", "python": "?", "platform": "?", "machine": "?", **run["environment"]}
     summary = reports.summarize(run)

@@ -46,7 +46,7 @@ def _summary(record: dict[str, Any]) -> str:
 def _body(record: dict[str, Any]) -> str:
     lines = [f"outcome {record['outcome']}, verdict {record['verdict']}, expected {record.get('expected', '?')}"
              + (f", role {record['role']}" if record.get("role") else ""),
-             reports.show_command(record["case_id"], record["target"])]
+             reports.show_command(record["case_id"], record["target"], record.get("standalone"))]
     if record.get("verdict_reason"):
         lines.append(f"why: {record['verdict_reason']}")
     for check, found in (record.get("details") or {}).items():

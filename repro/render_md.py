@@ -84,7 +84,9 @@ def status_block(run: dict[str, Any], reviewed: bool = False) -> list[str]:
         about = [plain(info["title"])] if info.get("title") else []
         if info.get("upstream"):
             about.append(f"upstream {plain(info['upstream'])}")
-        if info.get("first_fixed"):
+        if "||" in (info.get("affected") or ""):  # a fix that came and went: one "fixed in" would mislead
+            about.append(f"affected releases {code(info['affected'], False)}")
+        elif info.get("first_fixed"):
             about.append(f"fixed in {plain(info['first_fixed'])}")
         lines.append(f"**{plain(regression)}**" + (f" ({'; '.join(about)})" if about else "") + ":")
         lines += [f"- {plain(line)}" for line in said] or ["- (no headline stored)"]
@@ -225,16 +227,20 @@ def _failures(run: dict[str, Any]) -> list[str]:
     rows = [[str(g["count"]), code(f"{g['type']}: {_clip(g['message'], 60)}"),
              ", ".join(f"{v} {n}" for v, n in g["verdicts"]),
              ", ".join(f"{code(t)} {n}" for t, n in g["targets"]),
-             code(reports.show_command(g["example"]["case_id"], g["example"]["target"]))] for g in groups]
+             code(_example_command(g))] for g in groups]
     full = [f"- {g['count']} {code(g['type'], False)} at {code(g['location'] or '(no TE frame)', False)}:"
-            f" {code(_clip(g['message'], 400), False)}; e.g."
-            f" {code(reports.show_command(g['example']['case_id'], g['example']['target']), False)}"
+            f" {code(_clip(g['message'], 400), False)}; e.g. {code(_example_command(g), False)}"
             for g in groups[:SIGNATURES_DETAILED]]
     if len(groups) > SIGNATURES_DETAILED:
         full.append(f"- and {len(groups) - SIGNATURES_DETAILED} more signatures: see report.html")
     more = f", {len(groups) - SIGNATURES_LISTED} more below" if len(groups) > SIGNATURES_LISTED else ""
     return [f"## Error signatures ({len(groups)}{more})", *table(headers, rows[:SIGNATURES_LISTED]), "",
             *details("signatures with their message and TE location", full)]
+
+
+def _example_command(group: dict[str, Any]) -> str:
+    example = group["example"]
+    return reports.show_command(example["case_id"], example["target"], example.get("standalone"))
 
 
 def _environment(run: dict[str, Any], reviewed: bool) -> list[str]:

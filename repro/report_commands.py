@@ -46,17 +46,18 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from cases.matrix import common_exclusion
+    from cases.matrix import exclusion
     from cases.regressions import REGRESSIONS
     from harness.engine.script import DEFAULT_TARGET, parse_case_id, render_script
+    from harness.engine.standalone import standalone_refusal
 
     case = parse_case_id(args.case_id)
     if args.standalone and not args.script:
         raise UsageError("--standalone goes with --script; e.g. repro show CASE_ID --script --standalone")
     if args.script and args.standalone:
-        from harness.engine.standalone import render_standalone
+        from harness.engine.standalone import write_standalone
 
-        sys.stdout.write(render_standalone(case, args.case_id, args.target or DEFAULT_TARGET))
+        sys.stdout.write(write_standalone(case, args.target or DEFAULT_TARGET))
         return 0
     if args.script:
         sys.stdout.write(render_script(args.case_id, args.target or DEFAULT_TARGET))
@@ -67,11 +68,10 @@ def cmd_show(args: argparse.Namespace) -> int:
     prediction = regression.predict(case)
     symptom = f", {prediction.rule.symptom.description}" if prediction.rule else ""
     print(f"predicted  {prediction.expected}{symptom}: {prediction.reason}")
-    reason = common_exclusion(case) or regression.exclude(case)
+    reason = exclusion(case)
     print(f"excluded   {reason}" if reason else "valid      yes")
     target = args.target or regression.default_targets[0]
-    print(f"\nreproduce: repro show {case.case_id} --target {target} --script --standalone > case.py"
-          f" && repro exec --target {target} -- python case.py")
+    print(f"\nreproduce: {reports.reproduce_command(case.case_id, target, standalone_refusal(case) is None)}")
     return 0
 
 

@@ -35,6 +35,7 @@ BAD_VERDICTS = ("other_failure", "regression", "unexpected_pass", "harness_error
 # `axes` ({axis: [values]}), when it stores them, takes precedence.
 AXIS_FIELDS = ("client", "pipeline", "grad_mode", "input", "params", "recompute", "sequence", "grad_form", "dtype",
                "device")
+GRID_AXES = ("pipeline", "input", "grad_mode", "recompute")
 # Worst first: the outcome a grid cell shows for a target when it holds several cases.
 SEVERITY = ("harness_error", "crash", "wrong_output", "wrong_grad", "side_effect", "pass", "not_applicable",
             "skipped")
@@ -301,19 +302,21 @@ def axes_of(run: dict[str, Any]) -> list[str]:
     """The axes the results carry, in case-id order."""
     if run.get("axes"):
         return list(run["axes"])
-    first = run["results"][0] if run["results"] else {}
-    return [a for a in AXIS_FIELDS if a in first]
+    present = {a for record in run["results"] for a in AXIS_FIELDS if a in record}
+    return [a for a in AXIS_FIELDS if a in present]
 
 
 def present_values(run: dict[str, Any]) -> dict[str, list[str]]:
     """Per axis, the values the run holds: in the run's declared order, else in stored (matrix) order."""
     declared = run.get("axes") or {}
     seen: dict[str, dict[str, None]] = defaultdict(dict)
+    axes = axes_of(run)
     for record in run["results"]:
-        for axis in axes_of(run):
-            seen[axis][record[axis]] = None
+        for axis in axes:
+            if axis in record:  # a regression's own scenario varies its own axes
+                seen[axis][record[axis]] = None
     return {axis: [v for v in declared.get(axis, []) if v in seen[axis]] +
-            [v for v in seen[axis] if v not in declared.get(axis, [])] for axis in axes_of(run)}
+            [v for v in seen[axis] if v not in declared.get(axis, [])] for axis in axes}
 
 
 def row_label(record: dict[str, Any]) -> str:
@@ -352,7 +355,9 @@ def pivot(run: dict[str, Any], records: list[dict[str, Any]] | None = None,
           ) -> tuple[list[tuple[str, str]], list[tuple[str, str]], dict[Any, dict[str, str]]]:
     """Rows pipeline x input, columns grad_mode x recompute; per cell and target the worst
     outcome over the other axes, with '!' appended when a verdict there is bad."""
-    found = [r for r in (run["results"] if records is None else records) if r["outcome"] != "skipped"]
+    # The grid draws the call scenario's cases; a regression's own scenario has other axes.
+    found = [r for r in (run["results"] if records is None else records)
+             if r["outcome"] != "skipped" and all(a in r for a in GRID_AXES)]
     values = present_values(run)
     seen: dict[Any, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     bad: set[tuple[Any, str]] = set()
@@ -403,10 +408,18 @@ def needs_attention(run: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in run["results"] if r["verdict"] in BAD_VERDICTS]
 
 
-def show_command(case_id: str, target: str) -> str:
-    # A Megatron client case runs Megatron's own modules: the harness's script, not a standalone te.ops one.
-    standalone = [] if case_id.partition(":")[2].startswith("megatron_") else ["--standalone"]
-    return shlex.join(["repro", "show", case_id, "--target", target, "--script", *standalone])
+def show_command(case_id: str, target: str, standalone: bool | None = None) -> str:
+    """The command that writes the case's reproducer: `--standalone` only where the record says
+    one can be written (a run stored before records said so: any case but a Megatron client's)."""
+    if standalone is None:
+        standalone = not case_id.partition(":")[2].startswith("megatron_")
+    return shlex.join(["repro", "show", case_id, "--target", target, "--script", *(["--standalone"] * standalone)])
+
+
+def reproduce_command(case_id: str, target: str, standalone: bool) -> str:
+    """Write the reproducer and run it: the standalone one through `repro exec`, else the harness's script."""
+    run = shlex.join(["repro", "exec", "--target", target, "--", "python", "case.py"]) if standalone else "python case.py"
+    return f"{show_command(case_id, target, standalone)} > case.py && {run}"
 
 
 # ---- formats ----

@@ -15,7 +15,6 @@ from pathlib import Path
 
 from tabulate import tabulate
 
-from cases.axes import AXES
 from cases.clients import needs_megatron
 from cases.matrix import MAX_CASES_DEFAULT, generate, matrix_names, selections_of
 from cases.regressions import REGRESSIONS
@@ -170,6 +169,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     print(f"\n{regression.id}: first affected release: {result['first_affected'] or 'none in the range'}"
           f" (declared: {regression.first_affected or 'before 2.1.0'}); first fixed release: "
           f"{result['first_fixed'] or 'none in the range'} (declared: {regression.first_fixed})")
+    ranges = result.get("ranges")
+    if ranges:
+        print(f"{regression.id}: observed affected: {', '.join(ranges['observed']) or 'none'}; declared "
+              f"{ranges['declared']}, over the swept releases: {', '.join(ranges['declared_over_swept']) or 'none'}")
+        if ranges["not_applicable"]:
+            print(f"{regression.id}: not applicable (the API does not exist yet): {', '.join(ranges['not_applicable'])}")
+        print(f"{regression.id}: " + (f"observed and declared disagree on {'; '.join(ranges['disagree'])}"
+                                      if ranges["disagree"] else "observed and declared agree on every judged release"))
     if result["not_monotonic"]:
         print(f"not monotonic: reproduces again in {', '.join(result['not_monotonic'])} after a release that passed")
     if reason := incomplete_reason(result["run"]):  # first and last releases named from partial results
@@ -179,9 +186,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_regressions(args: argparse.Namespace) -> int:
-    rows = [[r.id, r.title, r.upstream, r.first_affected or "before 2.1.0", r.first_fixed or "-", ", ".join(r.patches)]
+    rows = [[r.id, r.title, r.upstream, str(r.affected), r.scenario.name, ", ".join(r.patches)]
             for r in REGRESSIONS.values()]
-    print(tabulate(rows, headers=["id", "title", "upstream", "first affected", "first fixed", "patches"]))
+    print(tabulate(rows, headers=["id", "title", "upstream", "affected releases", "scenario", "patches"]))
     return 0
 
 
@@ -205,9 +212,9 @@ def cmd_list(args: argparse.Namespace) -> int:
         regression, cases = selection.regression, selection.cases
         print(f"{regression.id}: {regression.title}")
         rows = []
-        for axis in AXES:
+        for axis, values in regression.axes.items():
             counts = Counter(getattr(c, axis) for c in cases)
-            rows += [[axis, value, counts[value]] for value in AXES[axis] if counts[value]]
+            rows += [[axis, value, counts[value]] for value in values if counts[value]]
         print(tabulate(rows, headers=["axis", "value", "cases"]))
         predicted = Counter(p.rule.name if p.rule else "(unaffected)" for p in map(regression.predict, cases))
         print()
@@ -221,7 +228,7 @@ def cmd_list(args: argparse.Namespace) -> int:
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     selection = argparse.ArgumentParser(add_help=False)
     selection.add_argument("--matrix", default="issue22",
-                           help=f"a regression id, a preset or all: {', '.join(matrix_names())} (default issue22)")
+                           help=f"(default issue22) a regression id, a preset or all: {', '.join(matrix_names())}")
     selection.add_argument("--only", action="append", metavar="AXIS=V[,V]", help="keep only these axis values")
     selection.add_argument("--max-cases", type=validate.positive_int, default=MAX_CASES_DEFAULT,
                            help="refuse larger selections")

@@ -100,3 +100,18 @@ def test_perf_svg_is_inline_and_deterministic() -> None:
     assert bench_stats.BACKPORT_VS_UPSTREAM not in svg  # a ratio with no data gets no panel
     assert perf_svg(perf) == svg
     assert "<svg" in perf_svg({**perf, "rows": []})
+
+
+def test_bench_takes_any_regression_with_its_own_targets(tmp_path: Path) -> None:
+    """Not only issue 22: another regression's pipelines, on its own default targets, with its
+    own patch against its base and its first fixed release as the upstream side."""
+    result = _bench("--matrix", "saved_tensors_twice", "--only", "pipeline=rmsnorm", "--only", "dtype=float32",
+                    "--modes", "fwd_no_grad", "--shapes", "tiny", "--rounds", "2", "--min-run-time", "0.01",
+                    "--out", str(tmp_path))
+    assert result.returncode == 0, result.stdout + result.stderr
+    perf = json.loads((tmp_path / "perf.json").read_text())
+    assert [t["spec"] for t in perf["targets"]] == ["te-2.4.0", "te-2.4.0+saved_tensors_once", "te-2.5.0"]
+    (row,) = perf["rows"]
+    assert row["pipeline"] == "rmsnorm"
+    assert row["ratios"][bench_stats.BACKPORT_VS_UNPATCHED]["denominator"] == "te-2.4.0"
+    assert row["ratios"][bench_stats.BACKPORT_VS_UPSTREAM]["denominator"] == "te-2.5.0"

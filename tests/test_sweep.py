@@ -32,6 +32,7 @@ def test_first_affected_and_not_monotonic() -> None:
     assert first_affected(_rows("fixed", "fixed")) is None
     # a fix backported to one release and missing from the next is shown as it is
     assert not_monotonic(_rows("affected", "fixed", "affected", "fixed")) == ["2.2.0"]
+    assert not_monotonic(_rows("fixed", "affected", "affected", "fixed")) == []  # passes before the bug came in
     assert first_fixed(_rows("affected", "fixed", "affected", "fixed")) == "2.3.0"
 
 

@@ -15,6 +15,7 @@ from cases.axes import INPUTS_REQUIRING_GRAD, narrowed
 from cases.case import Case
 from cases.pipelines import PIPELINES
 from cases.regression import Regression, Rule, Symptom
+from cases.releases import Releases
 
 
 def _backward_reaches_extra_output(case: Case) -> bool:
@@ -57,8 +58,7 @@ REGRESSION = Regression(
     id="extra_output_inplace_grad",
     title="MakeExtraOutput's backward adds in place into an expanded gradient",
     upstream="NVIDIA/TransformerEngine PR #1983",
-    first_affected=None,  # MakeExtraOutput behaves so in every release the harness loads (from 2.1.0)
-    first_fixed="2.7.0",
+    affected=Releases("<2.7.0"),  # MakeExtraOutput behaves so in every release the harness loads (from 2.1.0)
     patches=("extra_output_out_of_place",),
     rules=(
         Rule(

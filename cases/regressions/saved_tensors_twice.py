@@ -16,6 +16,7 @@ from cases.axes import INPUTS_REQUIRING_GRAD, narrowed
 from cases.case import Case
 from cases.pipelines import PIPELINES
 from cases.regression import Regression, Rule, Symptom
+from cases.releases import Releases
 
 
 def _backward_runs(case: Case) -> bool:
@@ -39,8 +40,7 @@ REGRESSION = Regression(
     id="saved_tensors_twice",
     title="Fuser backward unpacks saved tensors once per basic op; non-reentrant checkpoint refuses",
     upstream="NVIDIA/TransformerEngine PR #1807",
-    first_affected=None,  # as far back as the harness loads (2.1.0)
-    first_fixed="2.5.0",
+    affected=Releases("<2.5.0"),  # as far back as the harness loads (2.1.0)
     patches=("saved_tensors_once",),
     rules=(
         Rule(

@@ -94,6 +94,23 @@ TEST_SLOW_ENV = "REPRO_TEST_SLOW_TARGET"  # test-only: the worker of this spec s
 TEST_SLOW_SECONDS_ENV = "REPRO_TEST_SLOW_SECONDS"
 
 
+def default_targets(matrix: str) -> tuple[str, ...]:
+    """issue 22 (and its presets, all): the three targets of its ratios; another regression:
+    its own default targets."""
+    from cases.regressions import REGRESSIONS
+
+    return DEFAULT_TARGETS if matrix not in REGRESSIONS or matrix == "issue22" else REGRESSIONS[matrix].default_targets
+
+
+def default_upstream(matrix: str, specs: list[str] | None) -> str | None:
+    """The upstream-fixed target of the ratios: issue 22's, else the first plain release among
+    `specs` other than the patched target's base."""
+    if default_targets(matrix) == DEFAULT_TARGETS:
+        return DEFAULT_UPSTREAM
+    bases = {s.split("+", 1)[0] for s in specs or [] if "+" in s}
+    return next((s for s in specs or [] if "+" not in s and s not in bases), None)
+
+
 def case_for(combo: dict[str, str]) -> Case:
     """The matrix case a combination corresponds to, so common_exclusion stays the one rule."""
     mode = MODES[combo["mode"]]
@@ -108,8 +125,13 @@ def combinations(matrix: str, only: list[str] | None, modes: list[str],
     unless `--only dtype=` leaves them out."""
     wanted_dtypes = parse_filters(only).get("dtype")
     seen: dict[tuple[str, str, str], None] = {}
-    for case in (c for selection in generate(matrix, only) for c in selection.cases):
-        seen.setdefault((case.pipeline, case.dtype, case.device), None)
+    selections = generate(matrix, only)
+    for case in (c for selection in selections for c in selection.cases if c.get("pipeline")):
+        # A regression's own scenario may not vary dtype or device: its pipelines on the CPU in float32.
+        seen.setdefault((case.pipeline, case.get("dtype") or "float32", case.get("device") or "cpu"), None)
+    if not seen:
+        raise UsageError(f"repro bench times te.ops pipelines; matrix {matrix} varies none "
+                         f"(scenario: {', '.join(sorted({s.regression.scenario.name for s in selections}))})")
     combos: dict[tuple[str, ...], None] = {}
     for shape in shapes:
         for pipeline, dtype, device in seen:

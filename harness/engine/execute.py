@@ -18,7 +18,7 @@ import torch
 
 from cases.axes import INPUTS_REQUIRING_GRAD
 from cases.case import Case
-from cases.clients import BLOCK_RECOMPUTES
+from cases.clients import BLOCK_RECOMPUTES, CLIENTS
 from cases.deviations import split_known
 from cases.pipelines import HIDDEN, PIPELINES
 from cases.regressions import REGRESSIONS
@@ -31,6 +31,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 OUTCOME_OF_CHECK = {
     "completion": Outcome.CRASH, "outputs": Outcome.WRONG_OUTPUT, "output_requires_grad": Outcome.WRONG_OUTPUT,
     "gradients": Outcome.WRONG_GRAD, "caller_tensors": Outcome.SIDE_EFFECT,
+    "observations": Outcome.SIDE_EFFECT,  # a regression's own scenario: what its steps observed differs
 }
 
 
@@ -160,6 +161,23 @@ def missing_features(case: Case, target: LoadedTarget) -> list[str]:
     return [f for f in PIPELINES[case.pipeline].requires if f not in target.features]
 
 
+def call_not_applicable(case: Case, target: LoadedTarget, spec: str) -> str | None:
+    """Why the call scenario cannot build this case on the loaded target (an op or an op
+    feature the release lacks, or TE's own module a Megatron client subclasses), or None."""
+    from cases.pipelines import ops_used
+
+    if CLIENTS[case.client].uses_megatron and "RMSNorm" not in target.te_modules:
+        # Megatron's TEFusedResidualRMSNorm subclasses te.pytorch.RMSNorm, which must run as shipped.
+        why = target.own_op_fallbacks.get("RMSNorm") or "TE's own te.pytorch.RMSNorm is not loaded"
+        return f"not applicable on this release: {spec}: {why}"
+    missing = [op for op in target.missing_ops if op in ops_used(PIPELINES[case.pipeline])]
+    lacking = missing_features(case, target)
+    if missing or lacking:
+        return (f"not applicable on this release: {spec} lacks {', '.join(missing + lacking)}"
+                + (f" ({target.missing_ops[missing[0]]})" if missing else ""))
+    return None
+
+
 @dataclass
 class Subject:
     """What one case calls and compares: the test side and the reference side, built from the
@@ -239,14 +257,22 @@ def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
             failed["gradients"] = f
     if f := checks.check_caller_tensors(test.before, test.after, ref.before, ref.after, flags_only=error is not None):
         failed["caller_tensors"] = f
+    record = checked(case, failed, error, started)
+    record.update(error_fields)
+    return record
+
+
+def checked(case: Case, failed: dict[str, list[str]], error: dict[str, Any] | None, started: float,
+            note: str | None = None) -> dict[str, Any]:
+    """The observation from the checks' failures: those a known deviation of the case's
+    regression explains set apart, a crash first, the outcome from the first failed check."""
     failed, known = split_known(case, REGRESSIONS[case.regression].deviations, failed)
     if error is not None:
         failed = {"completion": [f"{error['type']}: {error['message'].splitlines()[0] if error['message'] else ''}"],
                   **failed}
     outcome = next((OUTCOME_OF_CHECK[c] for c in OUTCOME_OF_CHECK if c in failed), Outcome.PASS)
-    record = observation(outcome, failed, error, started)
+    record = observation(outcome, failed, error, started, note=note)
     record["known_deviations"] = known
-    record.update(error_fields)
     return record
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 
-from cases.axes import AXES
 from cases.case import Case
 from harness.errors import UsageError
 from harness.targets import parse_spec
@@ -39,7 +38,7 @@ TARGET = __TARGET__
 
 def main() -> int:
     from cases.case import Case
-    from cases.matrix import common_exclusion
+    from cases.matrix import exclusion
     from cases.regressions import REGRESSIONS
     from harness import targets
     from harness.runner import records
@@ -49,7 +48,7 @@ def main() -> int:
 
     case = Case.from_id(CASE_ID)
     regression = REGRESSIONS[case.regression]
-    reason = common_exclusion(case) or regression.exclude(case)
+    reason = exclusion(case)
     if reason:
         print(f"case {CASE_ID} is not a valid case ({reason})")
         return 0
@@ -81,15 +80,17 @@ def parse_case_id(case_id: str) -> Case:
     """The Case a case id names; UsageError (one line) for anything else."""
     from cases.regressions import REGRESSIONS
 
-    form = f"REGRESSION:{'-'.join(AXES)}"
+    regression = case_id.partition(":")[0]
+    if ":" in case_id and regression not in REGRESSIONS:
+        raise UsageError(f"bad case id {case_id!r}: unknown regression {regression!r}; "
+                         f"valid: {', '.join(REGRESSIONS)}")
+    axes = REGRESSIONS[regression].axes if regression in REGRESSIONS else REGRESSIONS["issue22"].axes
+    form = f"{regression if regression in REGRESSIONS else 'REGRESSION'}:{'-'.join(axes)}"
     try:
         case = Case.from_id(case_id)
     except ValueError:
         raise UsageError(f"bad case id {case_id!r}: expected {form}") from None
-    if case.regression not in REGRESSIONS:
-        raise UsageError(f"bad case id {case_id!r}: unknown regression {case.regression!r}; "
-                         f"valid: {', '.join(REGRESSIONS)}")
-    for axis, values in AXES.items():
+    for axis, values in axes.items():
         if getattr(case, axis) not in values:
             raise UsageError(f"bad case id {case_id!r}: unknown {axis} {getattr(case, axis)!r}; "
                              f"valid: {', '.join(values)}")

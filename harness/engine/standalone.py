@@ -97,9 +97,7 @@ def _plain_modules(case: Case) -> list[str]:
 
 
 def render_standalone(case: Case, case_id: str, target: str) -> str:
-    if case.client != "ops":  # Megatron's modules are not a te.ops pipeline this script could write out
-        raise UsageError(f"--standalone writes a te.ops pipeline; {case.client} runs Megatron's own modules: use "
-                         f"--script without --standalone, or repro minimal --client {case.client}")
+    """The call scenario's case as a script (cases/scenarios.py says which cases have one)."""
     info = PIPELINES[case.pipeline]
     grad_form = getattr(case, "grad_form", "dense")
     wants_grad = case.input in ("leaf_requires_grad", "non_leaf", "view")
@@ -181,3 +179,24 @@ def render_standalone(case: Case, case_id: str, target: str) -> str:
         lines += [f'    assert {leaf}.grad is not None, "backward did not reach the caller\'s leaf"']
     lines += ["print(\"OK: behaves as unfused PyTorch\")", ""]
     return "\n".join(lines)
+
+
+def standalone_refusal(case: Case) -> str | None:
+    """Why no standalone script (torch and TE only) can be written for the case, or None."""
+    from cases.regressions import REGRESSIONS
+
+    scenario = REGRESSIONS[case.regression].scenario
+    if scenario.standalone is None:
+        return f"--standalone: the {scenario.name} scenario of {case.regression} has no standalone form; use --script"
+    return scenario.standalone_refusal(case)
+
+
+def write_standalone(case: Case, target: str) -> str:
+    """The case's own steps as a standalone script; UsageError (one line) when it has none."""
+    from cases.regressions import REGRESSIONS
+
+    if refusal := standalone_refusal(case):
+        raise UsageError(refusal)
+    standalone = REGRESSIONS[case.regression].scenario.standalone
+    assert standalone is not None
+    return standalone(case, target)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from cases.case import Case
-from cases.clients import CLIENTS, needs_megatron
+from cases.clients import needs_megatron
 from cases.regressions import REGRESSIONS
 from harness.errors import TargetLoadError
 from harness.model import SCHEMA, Outcome, Role
@@ -20,11 +20,16 @@ __all__ = ["SCHEMA", "judge", "lost_case_record"]
 
 
 def finish(case: Case, spec: str, role: Role, observed: dict[str, Any]) -> dict[str, Any]:
-    """The full record: the case's axes, the observation, the prediction and the verdict."""
+    """The full record: the case's axes, the observation, the prediction, the verdict, and
+    whether a standalone reproducer can be written for it."""
+    from harness.engine.standalone import standalone_refusal
+
     prediction = REGRESSIONS[case.regression].predict(case)
     judged, reason = verdict(prediction, observed, role)
+    refusal = standalone_refusal(case)
     return {
         "case_id": case.case_id, "target": spec, **case.as_dict(), **observed,
+        "standalone": refusal is None, "standalone_refusal": refusal,
         "expected": prediction.expected,
         "predicted": prediction.rule.symptom.description if prediction.rule else None,
         "rule": prediction.rule.name if prediction.rule else None,
@@ -40,27 +45,22 @@ def _not_run(outcome: Outcome, check: str, note: str, error: dict[str, Any] | No
 def judge(case: Case, spec: str, target: Any, role: Role, megatron_error: str | None = None) -> dict[str, Any]:
     """Run one case on a loaded target (or record why it cannot run), filed under `spec`
     even when the target never loaded, so its results are counted, never lost."""
-    from harness.engine.execute import missing_features, run_case
+    from harness.engine.execute import call_not_applicable, run_case
+    from harness.engine.trial import run_trial
 
     if isinstance(target, TargetLoadError):
         return finish(case, spec, role, _not_run(Outcome.HARNESS_ERROR, "load", str(target)))
     if needs_megatron(case) and megatron_error:
         return finish(case, spec, role, _not_run(Outcome.HARNESS_ERROR, "megatron", megatron_error))
-    if CLIENTS[case.client].uses_megatron and "RMSNorm" not in target.te_modules:
-        # Megatron's TEFusedResidualRMSNorm subclasses te.pytorch.RMSNorm, which must run as shipped.
-        why = target.own_op_fallbacks.get("RMSNorm") or "TE's own te.pytorch.RMSNorm is not loaded"
-        return finish(case, spec, role, _not_run(Outcome.NOT_APPLICABLE, "applicability",
-                                                 f"not applicable on this release: {spec}: {why}"))
-    from cases.pipelines import PIPELINES, ops_used
-
-    missing = [op for op in target.missing_ops if op in ops_used(PIPELINES[case.pipeline])]
-    lacking = missing_features(case, target)
-    if missing or lacking:
-        why = (f"not applicable on this release: {spec} lacks {', '.join(missing + lacking)}"
-               + (f" ({target.missing_ops[missing[0]]})" if missing else ""))
-        return finish(case, spec, role, _not_run(Outcome.NOT_APPLICABLE, "applicability", why))
+    regression = REGRESSIONS[case.regression]
+    scenario = regression.scenario
     try:
-        observed = run_case(case, target)
+        own = regression.applicable(target) or scenario.applicable(case, target)
+        why = (f"not applicable on this release: {spec}: {own}" if own
+               else call_not_applicable(case, target, spec) if scenario.trial is None else None)
+        if why:
+            return finish(case, spec, role, _not_run(Outcome.NOT_APPLICABLE, "applicability", why))
+        observed = run_case(case, target) if scenario.trial is None else run_trial(case, target, scenario)
     except Exception as exc:  # noqa: BLE001 — a failure of the harness itself, never a pass
         observed = _not_run(Outcome.HARNESS_ERROR, "harness", "the harness failed building or judging the case",
                             {"type": type(exc).__name__, "message": str(exc), "location": None})

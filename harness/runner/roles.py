@@ -3,9 +3,9 @@
 Decided from what the target is, never from its name: a `+patch` that declares it fixes
 the regression and applies (or is in the tree); what the user declared (`[expect]` in the
 fork config); the fix found in the tree (an upstream marker, the fork's own, or our patch
-in the tree); else the release version against the regression's first affected and first
-fixed releases. A version that is not a release (`2.16.0.dev0`, a fork's `2.14.0+npu`) says
-nothing about the fix: unknown, never guessed unpatched.
+in the tree); else the release version against the regression's affected releases
+(specifier sets, cases/releases.py). A version that is not a release (`2.16.0.dev0`, a
+fork's `2.14.0+npu`) says nothing about the fix: unknown, never guessed unpatched.
 """
 
 from __future__ import annotations
@@ -83,9 +83,14 @@ def role_of(regression: Regression, prepared: PreparedTarget) -> tuple[Role, str
         return Role.UNKNOWN, f"version {prepared.version!r} is not a release number and no fix marker matched"
     if found := unreleased(prepared, version):
         return found
-    if regression.first_fixed and version >= Version(regression.first_fixed):
-        return Role.FIXED_UPSTREAM, f"release {version} is at or after the first fixed release {regression.first_fixed}"
-    if regression.first_affected and version < Version(regression.first_affected):
-        return Role.PREDATES, f"release {version} predates the first affected release {regression.first_affected}"
-    return Role.UNPATCHED, (f"release {version} is before the first fixed release {regression.first_fixed}"
-                            if regression.first_fixed else f"no release fixes {regression.id} yet")
+    return release_role(regression, version)
+
+
+def release_role(regression: Regression, version: Version) -> tuple[Role, str]:
+    """A release's role from the regression's affected releases (specifier sets)."""
+    affected = regression.affected
+    if affected.contains(version):
+        return Role.UNPATCHED, f"release {version} is in the affected releases {affected}"
+    if affected.predates(version):
+        return Role.PREDATES, f"release {version} predates the affected releases {affected}"
+    return Role.FIXED_UPSTREAM, f"release {version} is outside the affected releases {affected}"

@@ -48,8 +48,9 @@ def environment_info(prepared: list[targets.PreparedTarget], descriptions: dict[
 
 def regression_info(regression: Regression) -> dict[str, Any]:
     return {"id": regression.id, "title": regression.title, "upstream": regression.upstream,
+            "affected": str(regression.affected),
             "first_affected": regression.first_affected, "first_fixed": regression.first_fixed,
-            "patches": list(regression.patches)}
+            "patches": list(regression.patches), "axes": list(regression.axes), "scenario": regression.scenario.name}
 
 
 class ProgressReader:
@@ -272,15 +273,16 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
              for spec, chosen in by_target.items()}
     from harness.targets.devices import unavailable_reasons
 
-    devices = {c.device for s in selections for c in s.cases}
+    devices = {c.get("device") or "cpu" for s in selections for c in s.cases}
     device_reasons = unavailable_reasons() if devices - {"cpu"} else {"cpu": None}
     excluded = {s.regression.id: dict(s.excluded) for s in selections}
     runnable: dict[str, list[Case]] = {s.regression.id: [] for s in selections}
     for selection in selections:
         for case in selection.cases:
-            reason = device_reasons.get(case.device)
+            device = case.get("device") or "cpu"
+            reason = device_reasons.get(device)
             if reason:
-                key = f"device {case.device} unavailable: {reason}"
+                key = f"device {device} unavailable: {reason}"
                 excluded[selection.regression.id][key] = excluded[selection.regression.id].get(key, 0) + 1
             else:
                 runnable[selection.regression.id].append(case)

@@ -25,14 +25,23 @@ def verdict(prediction: Prediction, observation: Mapping[str, Any], role: Role) 
         return Verdict.UNAFFECTED, prediction.reason
     symptom = prediction.rule.symptom
     matched = symptom.matches(observation)
+    # A declared fixed behaviour (a clear refusal) counts as fixed, never a different failure.
+    as_fixed = next((b for b in prediction.fixed_behaviours if failed and b.matches(observation)), None)
     if role in EXPECTS_BUG:
         if matched:
             return Verdict.REPRODUCED, f"observed the predicted symptom: {symptom.description}"
+        if as_fixed and role is Role.UNKNOWN:
+            return Verdict.FIXED, f"behaves as a fixed target may: {as_fixed.description}; the target's role is unknown"
+        if as_fixed:
+            return Verdict.UNEXPECTED_PASS, (f"predicted {symptom.description} on an unpatched target; it behaves "
+                                             f"as a fixed one: {as_fixed.description}")
         if failed:
             return Verdict.OTHER_FAILURE, f"predicted {symptom.description}; observed {outcome} without it"
         if role is Role.UNKNOWN:
             return Verdict.FIXED, "passes; the target's role is unknown"
         return Verdict.UNEXPECTED_PASS, f"predicted {symptom.description} on an unpatched target; it passed"
+    if as_fixed:
+        return Verdict.FIXED, f"behaves as declared for a fixed target: {as_fixed.description}"
     if failed:
         what = "the predicted symptom" if matched else f"{outcome}"
         return Verdict.REGRESSION, f"a {role} target was expected to pass; observed {what}"

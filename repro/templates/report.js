@@ -294,9 +294,10 @@
     }
     const rep = sec.appendChild(el("details", "script"));
     rep.appendChild(el("summary", null, "reproduce"));
-    // A Megatron client case runs Megatron's own modules: the harness's script, not a standalone te.ops one.
-    const megatron = c.id.indexOf(":megatron_") >= 0;
-    rep.appendChild(el("pre", "script-text", megatron
+    // Standalone only where the record says one can be written (older runs: any case but a Megatron client's).
+    const x0 = (r && r.extra) || {};
+    const noStandalone = x0.standalone === false || (x0.standalone === undefined && c.id.indexOf(":megatron_") >= 0);
+    rep.appendChild(el("pre", "script-text", noStandalone
       ? "repro show " + c.id + " --target " + target + " --script > case.py\npython case.py"
       : "repro show " + c.id + " --target " + target + " --script --standalone > case.py\n"
         + "repro exec --target " + target + " -- python case.py"));
