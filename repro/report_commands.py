@@ -8,13 +8,15 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.runner import rundir
-from repro import reports
+from harness.targets import sources
+from repro import reports, validate
 
 
 def _write(text: str, out: str | None) -> None:
     if out is None:
         sys.stdout.write(text)
         return
+    rundir.check_regular_output(Path(out), "-o")
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -25,7 +27,11 @@ def _write(text: str, out: str | None) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     if args.output:
         rundir.check_report_output(Path(args.output), Path(args.run_dir))
+        rundir.check_regular_output(Path(args.output), "-o")
+    reports.check_step_summary()
     run = reports.load_run(Path(args.run_dir))
+    if args.output:
+        validate.check_out(Path(args.output), reports.target_specs(run), sources.cache_path())
     _write(reports.render(run, args.format), args.output)
     reports.append_step_summary(run)  # GitHub Actions: the summary on the job's page
     if note := reports.incomplete_note(run):

@@ -407,6 +407,22 @@ def write_all_formats(run: dict[str, Any], out_dir: Path) -> dict[str, str]:
     return paths
 
 
+def check_step_summary() -> None:
+    """Before a run: a $GITHUB_STEP_SUMMARY that is set must be a file this process can append
+    to (GitHub creates it); a bad one is found now, not after the whole run."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return
+    path = Path(target)
+    if path.exists():
+        problem = None if path.is_file() and os.access(path, os.W_OK) else (
+            "not a regular file" if not path.is_file() else "not writable")
+    else:
+        problem = None if path.parent.is_dir() and os.access(path.parent, os.W_OK) else "in no writable directory"
+    if problem:
+        raise UsageError(f"$GITHUB_STEP_SUMMARY {target} is {problem}; unset it or point it at a file to append to")
+
+
 def append_step_summary(run: dict[str, Any], paths: dict[str, str] | None = None) -> str | None:
     """The `summary` format appended to $GITHUB_STEP_SUMMARY; returns its path, None when unset."""
     target = os.environ.get("GITHUB_STEP_SUMMARY")

@@ -42,6 +42,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: far above any case, and well inside what setitimer and a monotonic clock take
+
+
+def timeout_seconds(text: str) -> float:
+    """A timeout: seconds above 0 and at most a week (larger values overflow the timers in every session)."""
+    value = positive_float(text)
+    if value > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"{text} is not allowed; give seconds above 0, at most {MAX_TIMEOUT_S}")
+    return value
+
+
 def check_only(only: list[str] | None) -> None:
     """A repeated `--only` axis would silently keep the last; its values go in one option."""
     seen: set[str] = set()
@@ -72,8 +83,19 @@ def target_specs(listed: str | None, single: list[str] | None, default: tuple[st
     return specs
 
 
-def check_out(out_dir: Path, specs: list[str], cache: Path) -> None:
-    rundir.check_out_location(out_dir, targets.source_roots(specs), cache)
+def check_out(out: Path, specs: list[str], cache: Path) -> None:
+    """The check every writing command (run, report -o, bench, review, sweep) makes before it
+    writes: its --out (a dir or a file) is neither inside a tree of `specs` (path:, installed)
+    nor inside the cache. Specs that do not parse (an old run's) are skipped."""
+    rundir.check_out_location(out, targets.source_roots([s for s in specs if _parses(s)]), cache)
+
+
+def _parses(spec: str) -> bool:
+    try:
+        targets.parse_spec(spec)
+    except UsageError:
+        return False
+    return True
 
 
 def check_fork_config(path: str | None, specs: list[str]) -> None:
