@@ -70,10 +70,12 @@ def render_diff(changes: list[Change], a: dict[str, Any], b: dict[str, Any]) -> 
         return "\n".join(lines + ["no outcome or verdict changed"])
     counts = {kind: sum(c.kind == kind for c in changes) for kind in KINDS}
     lines.append(", ".join(f"{n} {kind}" for kind, n in counts.items() if n))
-    rows = [[c.kind, c.target, c.case_id, c.before, c.after] for c in changes]
+    rows = reports.printable([[c.kind, c.target, c.case_id, c.before, c.after] for c in changes])
     lines += ["", tabulate(rows, headers=["change", "target", "case", "A (outcome/verdict)", "B (outcome/verdict)"])]
     return "\n".join(lines)
 
 
-def exit_status(changes: list[Change]) -> int:
-    return 1 if any(c.kind == "new regression" for c in changes) else 0
+def exit_status(changes: list[Change], a: dict[str, Any] | None = None, b: dict[str, Any] | None = None) -> int:
+    """1 on a new regression, or when either run is incomplete (its missing results are no "removed cases")."""
+    incomplete = any(run is not None and reports.incomplete_note(run) for run in (a, b))
+    return 1 if incomplete or any(c.kind == "new regression" for c in changes) else 0

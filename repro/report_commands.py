@@ -75,7 +75,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     a, b = reports.load_run(Path(args.a)), reports.load_run(Path(args.b))
     changes = diff.compare(a, b)
     print(diff.render_diff(changes, a, b))
-    return diff.exit_status(changes)
+    return diff.exit_status(changes, a, b)
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -99,7 +99,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                         " as te), for an upstream bug report; run it here with repro exec")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("diff", help="cases whose outcome or verdict changed between two runs; exit 1 on a new regression",
+    p = sub.add_parser("diff", help="cases whose outcome or verdict changed between two runs; exit 1 on a new regression or an incomplete run",
                        epilog="example: repro diff runs/before runs/after")
     p.add_argument("a", metavar="A", help="the earlier run: a run dir or run.json")
     p.add_argument("b", metavar="B", help="the later run: a run dir or run.json")

@@ -30,7 +30,7 @@ from harness.runner.sessions import CASE_TIMEOUT_S, LOAD_TIMEOUT_S, Interrupted,
 from harness.targets import sources
 from repro import rerun, validate
 from repro.progress import Progress, print_status_line
-from repro.reports import check_step_summary, load_run, summarize, write_all_formats
+from repro.reports import check_step_summary, load_run, printable, summarize, write_all_formats
 
 
 def _progress(line: str) -> None:
@@ -110,6 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     out_dir = Path(os.path.abspath(args.out or Path("runs") / matrix))
     cache = sources.cache_dir(args.cache_dir)
     validate.check_out(out_dir, specs or [], cache)
+    rundir.check_run_dir(out_dir)
     check_step_summary()
     megatron = megatron_for_run(args.megatron, planned, out_dir, cache, args.offline)
     with rundir.claim(out_dir), megatron_env(megatron):
@@ -142,7 +143,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         run["summary"] = summarize(run)
         rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
         paths = write_all_formats(run, out_dir)
-    print_status_line(run, paths)
+    print_status_line(printable(run), paths)
     if reason := incomplete_reason(run):
         print(f"repro: {reason}", file=sys.stderr)
     return 0 if run["summary"]["status"] == "PASS" else 1

@@ -74,9 +74,7 @@ def target_specs(listed: str | None, single: list[str] | None, default: tuple[st
     if not specs and default is None:
         check_fork_config(fork_config, [])
         return None
-    specs = specs or list(default or ())
-    for spec in specs:
-        targets.parse_spec(spec)
+    specs = [targets.canonical_spec(spec) for spec in specs or list(default or ())]
     targets.check_unique(specs)
     check_fork_config(fork_config, specs)
     targets.check_available(specs)

@@ -248,8 +248,8 @@ class CaseChunk(pytest.Item):
         _state["inflight"] = (case.case_id, time.monotonic())
         try:
             with _alarm(self.config.getoption("--repro-case-timeout")):
-                self.config.hook.pytest_repro_case_started(case_id=case.case_id)
                 with guarded() as changed:
+                    self.config.hook.pytest_repro_case_started(case_id=case.case_id)
                     record = judge(case, spec, _state["target"], role, megatron_error)
                 return _with_state_changes(record, changed)
         except CaseTimeout:

@@ -28,6 +28,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from harness.errors import UsageError
+from harness.runner.textsafe import safe_value
 
 LOCK_NAME = ".repro-run.lock"
 MARKER_NAME = ".repro-run"  # written into every dir the harness makes a run dir
@@ -204,7 +205,7 @@ def read_results(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if missing := [k for k in REQUIRED_KEYS if not isinstance(record.get(k), str)]:
             problems.append(f"{path.name} line {number}: record lacks {', '.join(missing)}, skipped")
             continue
-        records.append(record)
+        records.append(safe_value(record))  # an escaped lone surrogate reads back as one: escaped again
     return records, problems
 
 

@@ -101,7 +101,8 @@ def fuser_hash(root: Path) -> str:
 def loadable_files(root: Path) -> list[Path]:
     """Every file the loader may import from a tree: the Python files of transformer_engine/."""
     package = root / "transformer_engine"
-    return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+    # A directory may be named like a module (`notes.py/`): only files are loadable.
+    return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts and p.is_file())
 
 
 def content_hash(root: Path) -> str:
