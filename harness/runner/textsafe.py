@@ -11,12 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 TEXT_LIMIT = 64 * 1024  # characters per string: a 10 MB message would otherwise go into every report whole
+NOTE_ROOM = 100
 
 
 def safe_text(text: str, limit: int = TEXT_LIMIT) -> str:
     if not text.isascii():
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    if len(text) > limit:
+    if len(text) > limit + NOTE_ROOM:  # the room: a text cut once is not cut again when read back
         text = f"{text[:limit]}… [truncated: {len(text)} characters in all]"
     return text
 
