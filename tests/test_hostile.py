@@ -27,6 +27,8 @@ from repro.reports import show_command
 from tests.conftest import REPO
 from tests.fault_plugin import ENV, PLUGIN
 
+ORPHAN_ENV = "REPRO_TEST_ORPHAN_PIDS"
+
 SMOKE = ["--matrix", "smoke", "--only", "pipeline=rmsnorm", "-n", "1"]
 FUSER = sources.FUSER_RELPATH
 
@@ -263,6 +265,7 @@ def _alive(pid: int) -> bool:
 def test_second_run_refused_stale_reports_removed_and_sigkill_ends_every_process(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
+    (out / rundir.MARKER_NAME).write_text("")  # an earlier run's dir
     for stale in ("report.md", "report.html", "junit.xml", "run.json"):
         (out / stale).write_text("from an earlier run")
     hang = {"issue22:ops-rmsnorm-enabled-leaf-trainable-none-single-dense-float32-cpu": "hang"}
@@ -560,7 +563,8 @@ HOSTILE_CASES = {fault: f"issue22:ops-{axes}-trainable-{recompute}-single-dense-
     ("raise_controls", "rmsnorm-enabled-leaf", "checkpoint_reentrant"),
     ("raise_base", "rmsnorm-enabled-non_leaf", "checkpoint_reentrant"),
     ("raise_keyboard", "extra_output_only-enabled-leaf", "none"),
-    ("grad_off", "extra_output_only-enabled-leaf", "checkpoint_reentrant")]}
+    ("grad_off", "extra_output_only-enabled-leaf", "checkpoint_reentrant"),
+    ("orphan", "extra_output_only-enabled-non_leaf", "none")]}
 UNTOUCHED = "issue22:ops-extra_output_only-no_grad-non_leaf-trainable-none-single-dense-float32-cpu"
 
 
@@ -568,13 +572,47 @@ UNTOUCHED = "issue22:ops-extra_output_only-no_grad-non_leaf-trainable-none-singl
 def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """One run of the smoke matrix in which eight cases attack the worker: C code holding the
     GIL, SIGSTOP, messages with lone surrogates, 10 MB and terminal escapes, a BaseException
-    of the target's own, KeyboardInterrupt, and grad mode switched off."""
+    of the target's own, KeyboardInterrupt, grad mode switched off, and a process of its own
+    session left behind."""
     out = tmp_path_factory.mktemp("hostile") / "run"
     faults = {case_id: fault for fault, case_id in HOSTILE_CASES.items()}
     result = cli("run", "--matrix", "smoke", "--only", "pipeline=rmsnorm,extra_output_only", "--targets", "te-2.20.2",
                  "-n", "1",
-                 "--case-timeout", "3", "--out", str(out), env={ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN})
+                 "--case-timeout", "3", "--out", str(out),
+                 env={ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(out.parent / "orphans")})
     return out, result
+
+
+def _orphans(path: Path, timeout: float = 0) -> list[int]:
+    deadline = time.time() + timeout
+    while timeout and time.time() < deadline and not path.is_file():
+        time.sleep(0.2)
+    return [int(line) for line in path.read_text().split()] if path.is_file() else []
+
+
+def test_processes_a_case_starts_end_with_its_session(hostile_run) -> None:
+    out, _ = hostile_run
+    orphans = _orphans(out.parent / "orphans")
+    assert orphans and not [pid for pid in orphans if _alive(pid)]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a child subreaper is Linux's")
+def test_processes_a_case_starts_end_when_repro_is_killed(tmp_path: Path) -> None:
+    faults = {HOSTILE_CASES["gil"]: "orphan", HOSTILE_CASES["sigstop"]: "hang"}
+    pids = tmp_path / "orphans"
+    command = [sys.executable, "-m", "repro", "run", *SMOKE, "--targets", "te-2.20.2", "--out", str(tmp_path / "o")]
+    env = {**os.environ, ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(pids)}
+    first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        orphans = _orphans(pids, timeout=180)
+        assert orphans and all(map(_alive, orphans))
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    deadline = time.time() + 15
+    while time.time() < deadline and any(map(_alive, orphans)):
+        time.sleep(0.2)
+    assert not [pid for pid in orphans if _alive(pid)]
 
 
 def _records(out: Path) -> dict[str, dict]:

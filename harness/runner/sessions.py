@@ -128,7 +128,8 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
     # Plugin autoloading is off (env below): only the plugins named here load, whatever the host has installed.
     # Per-case timeouts are the plugin's own (an item holds many cases), so pytest-timeout is not loaded.
     n_workers = sum(int(s.split("*", 1)[0]) if "*" in s else 1 for s in tx) if tx else max(1, workers)
-    command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
+    # Under the reaper: what a case starts ends with the session (harness.runner.reaper).
+    command = [sys.executable, "-m", "harness.runner.reaper", "--", sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
                "-p", "xdist.plugin", "-p", "harness.runner.plugin", "-p", "harness.runner.lifetime",
                "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
                f"--repro-case-timeout={case_timeout}", f"--repro-chunk={1 if attempt else chunk_size(len(cases), n_workers)}",
