@@ -772,6 +772,11 @@ def test_values_that_would_break_every_session_are_refused_or_handled(tmp_path: 
                             capture_output=True, text=True, cwd=tmp_path, env=env, check=False)
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "-rdash" / "run.json").read_text())["complete"]
+    # A local worker in another directory gets the harness and the cases by xdist's rsync.
+    workdir = tmp_path / "workers"
+    result = cli("run", *SMOKE, "--targets", "te-2.20.2", "--tx", f"popen//chdir={workdir}",
+                 "--out", str(tmp_path / "chdir"))
+    assert result.returncode == 0, result.stderr
 
 
 def test_a_relative_xdg_cache_home_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -105,7 +105,9 @@ def chunk_size(cases: int, workers: int) -> int:
 
 
 def _remote(tx: list[str]) -> bool:
-    return any("popen" not in spec.split("//")[0] for spec in tx)
+    """Whether a worker does not share this file system as is: another host, or a local
+    worker in another directory (`popen//chdir=DIR`), which xdist fills by rsync as well."""
+    return any("popen" not in spec.split("//")[0] or "//chdir=" in spec for spec in tx)
 
 
 def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: dict[str, str], out_dir: Path,
