@@ -63,7 +63,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         raise UsageError("--fail-on-slowdown needs a +backport target and its unpatched base among --targets")
     out_dir = Path(args.out or Path("runs") / f"bench-{args.matrix}")
     cache = sources.cache_dir(args.cache_dir)
-    validate.check_out(out_dir, specs, cache)
+    validate.check_out(out_dir, specs or [], cache)
     with rundir.claim(out_dir):
         rundir.remove_stale(out_dir)
         try:

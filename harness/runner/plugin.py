@@ -39,7 +39,7 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -339,6 +339,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.when != NOTICE or config is None or hasattr(config, "workerinput"):
         return
     (kind, payload), = report.user_properties
+    payload = cast(Any, payload)
     inflight, key = _state["inflight_by_worker"], _worker_key(report)
     if kind == "worker":
         _state["workers"][key] = payload
