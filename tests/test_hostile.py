@@ -716,6 +716,29 @@ def test_a_target_that_swaps_the_judges_tools_is_named(fork: Path, tmp_path: Pat
     assert not [r for r in run["results"] if r["verdict"] == "unexpected_pass"]
 
 
+def test_the_state_guard_names_and_undoes_each_change() -> None:
+    import torch
+
+    from harness.runner import state
+
+    backward = torch.Tensor.backward
+    try:
+        with state.guarded() as changed:
+            torch.Tensor.backward = lambda *a, **k: None  # type: ignore[method-assign]
+            torch.set_default_dtype(torch.float64)
+            torch.set_anomaly_enabled(True)
+            torch.use_deterministic_algorithms(True)
+    finally:
+        names = " ".join(changed)
+        restored = (torch.Tensor.backward is backward, torch.get_default_dtype(), torch.is_anomaly_enabled(),
+                    torch.are_deterministic_algorithms_enabled())
+        torch.Tensor.backward = backward  # type: ignore[method-assign]
+    for what in ("torch.Tensor.backward was replaced", "default dtype", "anomaly detection",
+                 "deterministic algorithms"):
+        assert what in names, names
+    assert restored == (True, torch.float32, False, False)
+
+
 # ---- exit statuses and one-line errors ----
 
 def test_diff_with_an_incomplete_run_is_not_zero(partial_run: Path) -> None:
