@@ -240,11 +240,17 @@ class CaseChunk(pytest.Item):
             raise AssertionError(f"{len(errors)} harness errors, the first: {errors[0]}")
 
     def _run_one(self, case: Any) -> dict[str, Any]:
+        from cases.clients import needs_megatron
         from harness.runner.records import judge, lost_case_record
         from harness.runner.state import guarded
 
         spec, role = _state["spec"], _role(_state["roles"], case.regression)
+        importing = "megatron_error" not in _state and needs_megatron(case)
+        if importing:  # Megatron's import is bounded as a load, not as the case
+            self._notify("loading", case.case_id)
         megatron_error = _megatron_error(case)
+        if importing:
+            self._notify("loaded", None)
         _state["inflight"] = (case.case_id, time.monotonic())
         try:
             with _alarm(self.config.getoption("--repro-case-timeout")):
@@ -355,11 +361,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             inflight.pop(key, None)
         _state["recorded"].add(payload["case_id"])
         append_record(Path(config.getoption("--repro-jsonl")), payload)
-    elif kind == "description":
+    elif kind in ("description", "loaded"):
         with _lock:  # loaded: the case's own time starts now
             if key in inflight:
                 inflight[key] = (inflight[key][0], time.monotonic(), False)
-        if config.getoption("--repro-description"):
+        if kind == "description" and config.getoption("--repro-description"):
             # The runner reads which ops were TE's own and which the backend's from here.
             Path(config.getoption("--repro-description")).write_text(payload)
     elif kind == "startup" and config.getoption("--repro-startup"):
@@ -403,7 +409,7 @@ def _record_load_timeout(config: pytest.Config, spec: str, roles: dict[str, str]
 
     seconds = config.getoption("--repro-load-timeout")
     error = TargetLoadError(f"{spec} did not load within {seconds:g} s (--load-timeout): its worker was ended "
-                            "while importing torch and the target (a loop or a hang at import)")
+                            "while importing torch, the target or Megatron (a loop or a hang at import)")
     records = []
     for case_file in (Path(a) for a in config.args if a.endswith(".cases.json")):
         for fields in json.loads(case_file.read_text())["cases"]:
