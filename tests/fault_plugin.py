@@ -49,7 +49,8 @@ def pytest_repro_case_started(case_id: str) -> None:
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
         time.sleep(3600)
     elif fault == "gil":
-        ctypes.PyDLL(None).sleep(3600)  # a C call that keeps the GIL
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # else the alarm cuts sleep(3) short
+        ctypes.PyDLL(None).sleep(3600)  # a C call that keeps the GIL: the worker's own threads stop too
     elif fault == "sigstop":
         os.kill(os.getpid(), signal.SIGSTOP)
     elif fault == "kill_controller":
