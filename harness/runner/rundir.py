@@ -3,7 +3,8 @@ writes, a full disk said in one line, and records read defensively.
 
 A run dir is marked as one (`.repro-run`) when the harness creates it or takes an empty
 dir; a non-empty dir without the mark is refused, so a run never removes files it did
-not write. Only regular files are written, and only where none or a regular file is: a
+not write (a dir holding the run lock, which only a run creates, counts as marked: the
+run dirs of versions before the mark). Only regular files are written, and only where none or a regular file is: a
 symlink, FIFO or device at an output path is refused, never replaced.
 
 A run holds `.repro-run.lock` (filelock, an flock released by the kernel when the run
@@ -90,7 +91,8 @@ def check_regular_output(path: Path, option: str = "output") -> None:
 
 
 def _is_run_dir(out_dir: Path) -> bool:
-    return kind_of(out_dir / MARKER_NAME) is None and (out_dir / MARKER_NAME).is_file()
+    """Marked, or left by a version before the mark: only a run creates its lock file."""
+    return any(kind_of(out_dir / name) is None and (out_dir / name).is_file() for name in (MARKER_NAME, LOCK_NAME))
 
 
 def check_run_dir(out_dir: Path) -> None:
