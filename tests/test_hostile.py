@@ -544,6 +544,11 @@ def test_a_run_dir_keeps_the_files_the_harness_did_not_write(tmp_path: Path) -> 
     (out / "results.jsonl").symlink_to(tmp_path / "elsewhere")
     with pytest.raises(UsageError, match="results.jsonl is a symlink"):
         rundir.check_run_dir(out)
+    legacy = tmp_path / "legacy"  # a run dir of a version before the mark: it holds the run lock
+    legacy.mkdir()
+    (legacy / rundir.LOCK_NAME).write_text("")
+    (legacy / "run.json").write_text("{}")
+    rundir.check_run_dir(legacy)
 
 
 def test_every_writing_command_refuses_an_out_in_a_source_or_the_cache(fork: Path, cache: Path,
