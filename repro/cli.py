@@ -10,10 +10,10 @@ from tabulate import tabulate
 
 from harness import targets
 from harness.errors import TargetLoadError, UsageError
+from harness.runner.textsafe import printable
 from harness.targets import sources
 from harness.targets.probing import PROBE_TIMEOUT_S, probe
 from repro import validate
-from repro.reports import printable
 
 
 def _prepare_row(spec: str, cache, offline: bool,
@@ -170,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         return args.func(args)
     except (UsageError, TargetLoadError) as exc:
-        print(f"repro: error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"repro: error: {_one_line(printable(str(exc)))}", file=sys.stderr)  # it may echo a hostile path
         return 2
     except KeyboardInterrupt:
         print("repro: interrupted", file=sys.stderr)

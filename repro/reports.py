@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shlex
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -25,7 +24,7 @@ from pydantic import ValidationError
 from harness.errors import UsageError
 from harness.model import SCHEMA, Run
 from harness.runner import rundir
-from harness.runner.textsafe import safe_value
+from harness.runner.textsafe import printable, safe_value
 
 FORMATS = ("md", "verdict-md", "summary", "html", "junit", "json")
 OUTCOMES = ("pass", "crash", "wrong_output", "wrong_grad", "side_effect", "harness_error", "not_applicable",
@@ -367,24 +366,6 @@ def show_command(case_id: str, target: str) -> str:
 
 
 # ---- formats ----
-
-# C0 controls but tab and newline, DEL, C1 controls (ESC and CSI/OSC start sequences among them), and the
-# bidirectional overrides that reorder what a reader sees.
-_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-
-
-def printable(value: Any) -> Any:
-    """`value` with every control character in its strings shown as an escape (`\\x1b`): run
-    text (a target's messages, a fork's paths) can neither drive a terminal nor break a page."""
-    if isinstance(value, str):
-        return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
-                            else f"\\u{ord(m.group()):04x}", value)
-    if isinstance(value, dict):
-        return {printable(k): printable(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [printable(v) for v in value]
-    return value
-
 
 def render(run: dict[str, Any], fmt: str, paths: dict[str, str] | None = None) -> str:
     if fmt != "json":  # JSON escapes control characters itself

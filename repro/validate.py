@@ -12,13 +12,14 @@ from typing import NoReturn
 from harness import targets
 from harness.errors import UsageError
 from harness.runner import rundir
+from harness.runner.textsafe import printable
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block) and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        print(f"{self.prog}: error: {printable(message)} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 
 

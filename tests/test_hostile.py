@@ -641,6 +641,12 @@ def test_reports_escape_control_characters_and_stay_small(hostile_run) -> None:
     assert "\\x1b" in (out / "report.md").read_text()
 
 
+def test_an_error_that_echoes_a_hostile_path_is_escaped() -> None:
+    result = cli("targets", "path:/tmp/\x1b]0;owned\x07\x1b[2J")
+    assert_refused(result, "\\x1b]0;owned\\x07")
+    assert "\x1b" not in result.stderr and "\x07" not in result.stderr
+
+
 def test_a_case_that_changes_global_state_is_named(hostile_run) -> None:
     out, result = hostile_run
     record = _records(out)[HOSTILE_CASES["grad_off"]]

@@ -86,8 +86,9 @@ def check_regular_output(path: Path, option: str = "output") -> None:
     """Refuse to write `path` when something other than a regular file is there: a rename
     would replace a symlink, FIFO or device node with a file."""
     if what := kind_of(path):
+        stdout = " (or omit -o: the report goes to stdout)" if option == "-o" else ""
         raise UsageError(f"{option} {path} is {what}, not a regular file; repro writes only regular files "
-                         "(never through or over a link or device); pass another path")
+                         f"(never through or over a link or device); pass another path{stdout}")
 
 
 def _is_run_dir(out_dir: Path) -> bool:
