@@ -304,7 +304,8 @@ def _watch(config: pytest.Config) -> None:
         for key, (_case_id, since, loading) in flights:
             limit = load_timeout if loading else (case_timeout + CONTROLLER_GRACE_S if case_timeout else 0.0)
             worker = _state["workers"].get(key)
-            if not limit or now - since <= limit or key in _state["ending"] or not worker or worker["host"] != here:
+            if (not limit or now - since <= limit or key in _state["ending"] or not worker or worker["host"] != here
+                    or worker["pid"] == os.getpid()):  # another host's, or this process itself (no xdist)
                 continue
             _state["ending"][key] = LOAD_TIMEOUT_REASON if loading else "per-case timeout"
             with contextlib.suppress(ProcessLookupError):
