@@ -34,7 +34,7 @@ from harness.runner.textsafe import safe_value
 LOCK_NAME = ".repro-run.lock"
 MARKER_NAME = ".repro-run"  # written into every dir the harness makes a run dir
 STALE_FILES = ("run.json", "report.md", "report.html", "junit.xml", "results.jsonl", "run-meta.json", "perf.json",
-               "perf.svg")
+               "perf.svg", "review.md", "review.json")
 STALE_DIRS = ("sessions", "bench-logs")
 # What the harness writes inside those dirs (harness.runner.sessions, harness.bench): only these are removed.
 STALE_DIR_SUFFIXES = (".cases.json", ".log", ".description", ".startup.jsonl", ".inflight.jsonl", ".ini", ".json")
