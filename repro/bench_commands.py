@@ -14,6 +14,7 @@ from cases.matrix import generate, matrix_names
 from harness import bench
 from harness.bench import stats as bench_stats
 from harness.errors import UsageError
+from harness.runner import rundir
 from harness.targets import sources
 from repro import validate
 
@@ -62,23 +63,27 @@ def cmd_bench(args: argparse.Namespace) -> int:
             bench_stats.BACKPORT_VS_UNPATCHED] is None:
         raise UsageError("--fail-on-slowdown needs a +backport target and its unpatched base among --targets")
     out_dir = Path(args.out or Path("runs") / f"bench-{args.matrix}")
-    try:
-        perf = bench.run_bench(args.matrix, args.only, specs, modes, args.rounds, args.min_run_time, out_dir,
-                               sources.cache_dir(args.cache_dir), args.offline, upstream, _progress, shapes)
-    except bench.BenchWorkerError as exc:
-        print(f"repro bench: error: {exc}", file=sys.stderr)
-        return 1
-    (out_dir / "perf.json").write_text(json.dumps(perf, indent=1))
-    print(render_table(perf))
-    print()
-    print(render_notes(perf))
-    try:
-        from harness.bench.plot import perf_svg
+    cache = sources.cache_dir(args.cache_dir)
+    validate.check_out(out_dir, specs or [], cache)
+    with rundir.claim(out_dir):
+        rundir.remove_stale(out_dir)
+        try:
+            perf = bench.run_bench(args.matrix, args.only, specs, modes, args.rounds, args.min_run_time, out_dir,
+                                   cache, args.offline, upstream, _progress, shapes)
+        except bench.BenchWorkerError as exc:
+            print(f"repro bench: error: {exc}", file=sys.stderr)
+            return 1
+        rundir.write_atomic(out_dir / "perf.json", json.dumps(perf, indent=1))
+        print(render_table(perf))
+        print()
+        print(render_notes(perf))
+        try:
+            from harness.bench.plot import perf_svg
 
-        (out_dir / "perf.svg").write_text(perf_svg(perf))
-        print(f"\nbench dir: {out_dir} (perf.json, perf.svg)")
-    except ImportError:
-        print(f"\nbench dir: {out_dir} (perf.json; perf.svg needs matplotlib)")
+            rundir.write_atomic(out_dir / "perf.svg", perf_svg(perf))
+            print(f"\nbench dir: {out_dir} (perf.json, perf.svg)")
+        except ImportError:
+            print(f"\nbench dir: {out_dir} (perf.json; perf.svg needs matplotlib)")
     if args.fail_on_slowdown is not None:
         slow = bench_stats.slowdowns(perf["rows"], args.fail_on_slowdown)
         for message in slow:

@@ -10,8 +10,9 @@ from tabulate import tabulate
 
 from harness import targets
 from harness.errors import TargetLoadError, UsageError
+from harness.runner.textsafe import printable
 from harness.targets import patching, sources
-from harness.targets.probing import probe
+from harness.targets.probing import PROBE_TIMEOUT_S, probe
 from repro import validate
 
 
@@ -35,9 +36,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
 
     from repro.reports import patch_text
 
-    specs = args.specs or list(targets.DEFAULT_TARGETS)
-    for spec in specs:
-        targets.parse_spec(spec)
+    specs = [targets.canonical_spec(spec) for spec in args.specs or list(targets.DEFAULT_TARGETS)]
     targets.check_unique(specs)
     cache = sources.cache_dir(args.cache_dir)
     rows = []
@@ -46,7 +45,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
         if prepared is None:
             rows.append([spec, "-", "-", "-", "-", "-", f"unavailable: {error}"])
             continue
-        report = probe(prepared) if prepared.patch_status != "conflict" else {"load_error": "not loaded: patch conflict"}
+        report = probe(prepared, timeout=args.load_timeout) if prepared.patch_status != "conflict" else {"load_error": "not loaded: patch conflict"}
         status = "loaded" if not report["load_error"] else f"error: {report['load_error']}"
         patch = patch_text(asdict(prepared))
         if prepared.patch and prepared.patch_text:  # the reviewer's answer beside the two parts
@@ -56,7 +55,8 @@ def cmd_targets(args: argparse.Namespace) -> int:
                      f"{prepared.fuser_sha} ({prepared.content_sha})", patch, prepared.backend, status])
         if report.get("description"):
             rows[-1][-1] += f" — {report['description']}"
-    print(tabulate(rows, headers=["spec", "source", "version", "fuser.py (all files)", "patch", "backend", "load"]))
+    print(tabulate(printable(rows), headers=["spec", "source", "version", "fuser.py (all files)", "patch", "backend",
+                                             "load"]))
     return 0
 
 
@@ -77,7 +77,7 @@ def cmd_minimal(args: argparse.Namespace) -> int:
         from repro.megatron_commands import minimal_client
 
         return minimal_client(args, prepared, cache)
-    report = probe(prepared, minimal=True)
+    report = printable(probe(prepared, minimal=True, timeout=args.load_timeout))
     if report["load_error"]:
         print(f"{prepared.spec}: could not load: {report['load_error']}")
         return 1
@@ -141,6 +141,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("specs", nargs="*", help=f"target specs ({targets.SPEC_FORMS}); +name is a patch only when "
                    "patches/name.toml exists; end a path in / to keep a +name that is a patch's")
     p.add_argument("--fork-config", metavar="FILE", help="a fork's TOML config for path: and installed targets")
+    p.add_argument("--load-timeout", type=validate.timeout_seconds, default=PROBE_TIMEOUT_S,
+                   help="seconds to load each target before it is reported as timed out")
     p.set_defaults(func=cmd_targets)
 
     p = sub.add_parser("minimal", parents=[common], help="run the bug report's minimal scenario on one target")
@@ -150,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--megatron", help="with --client: a megatron-core version (default 0.19.0) or path:<dir>")
     p.add_argument("--recompute", help="with --client: megatron_block: full_block (default), full_uniform, none; "
                    "megatron_norm: megatron_checkpoint (default), none")
+    p.add_argument("--load-timeout", type=validate.timeout_seconds, default=PROBE_TIMEOUT_S,
+                   help="seconds to load the target and run the scenario before it is reported as timed out")
     p.set_defaults(func=cmd_minimal)
 
     from repro import bench_commands, exec_command, report_commands, review_commands, run_commands
@@ -176,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 0
         return args.func(args)
     except (UsageError, TargetLoadError) as exc:
-        print(f"repro: error: {_one_line(str(exc))}", file=sys.stderr)
+        print(f"repro: error: {_one_line(printable(str(exc)))}", file=sys.stderr)  # it may echo a hostile path
         return 2
     except KeyboardInterrupt:
         print("repro: interrupted", file=sys.stderr)

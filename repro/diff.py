@@ -173,7 +173,8 @@ def counts_line(changes: list[Change]) -> str:
 def render_diff(comparison: Comparison, a: dict[str, Any], b: dict[str, Any], fmt: str = "text") -> str:
     lines, rows = header(comparison, a, b)
     changes = comparison.changes
-    change_rows = [[c.kind, c.target, c.case_id, c.before, c.after] for c in changes]
+    change_rows = reports.printable([[c.kind, c.target, c.case_id, c.before, c.after] for c in changes])
+    rows = reports.printable(rows)
     change_headers = ["change", "target", "case", "A", "B"]
     if fmt == "md":
         from repro.render_md import code, plain, table
@@ -193,5 +194,7 @@ def render_diff(comparison: Comparison, a: dict[str, Any], b: dict[str, Any], fm
     return "\n".join(out) + "\n"
 
 
-def exit_status(changes: list[Change]) -> int:
-    return 1 if any(c.kind == "new regression" for c in changes) else 0
+def exit_status(changes: list[Change], a: dict[str, Any] | None = None, b: dict[str, Any] | None = None) -> int:
+    """1 on a new regression, or when either run is incomplete (its missing results are no "removed cases")."""
+    incomplete = any(run is not None and reports.incomplete_note(run) for run in (a, b))
+    return 1 if incomplete or any(c.kind == "new regression" for c in changes) else 0

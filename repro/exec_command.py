@@ -24,10 +24,17 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if prepared.patch_status == "conflict":
         raise UsageError(f"target {prepared.spec}: patch {prepared.patch} does not apply; pick another target")
     try:
-        return subprocess.run(command, env=exec_environment(prepared, args.megatron, dict(os.environ)),
+        code = subprocess.run(command, env=exec_environment(prepared, args.megatron, dict(os.environ)),
                               check=False).returncode
     except FileNotFoundError:
         raise UsageError(f"command not found: {command[0]}; {EXAMPLE}") from None
+    except PermissionError:
+        raise UsageError(f"command {command[0]} is not executable; run it through its interpreter "
+                         f"(python {command[0]}) or chmod +x it; {EXAMPLE}") from None
+    except OSError as exc:  # ENOEXEC (no #! line), a directory, ...
+        raise UsageError(f"cannot run {command[0]} ({exc.strerror}); {EXAMPLE}") from None
+    # Killed by signal N: 128+N, as a shell reports it (subprocess gives -N).
+    return 128 - code if code < 0 else code
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -35,7 +42,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         "exec", parents=[common], help="run your own command with a target's TE importable as transformer_engine",
         description=("Runs COMMAND with the target's TE importable as `transformer_engine` (`import"
                      " transformer_engine.pytorch as te`): on a machine without TE's compiled parts through the CPU"
-                     " backend, else the native install. Exit status: the command's."),
+                     " backend, else the native install. Exit status: the command's (128+N when a signal N ended it); 2 with"
+                     " one line when the command is not found or not executable, or the target does not load."),
         epilog=EXAMPLE)
     p.add_argument("--target", required=True, metavar="SPEC", help=f"the TE to load ({targets.SPEC_FORMS})")
     p.add_argument("--megatron", action="store_true",

@@ -9,7 +9,8 @@ from pathlib import Path
 
 from harness.errors import UsageError
 from harness.runner import rundir
-from repro import reports
+from harness.targets import sources
+from repro import reports, validate
 
 
 def write_stdout(text: str) -> None:
@@ -27,6 +28,7 @@ def _write(text: str, out: str | None) -> None:
     if out is None:
         write_stdout(text)
         return
+    rundir.check_regular_output(Path(out), "-o")
     try:
         Path(out).parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -37,7 +39,11 @@ def _write(text: str, out: str | None) -> None:
 def cmd_report(args: argparse.Namespace) -> int:
     if args.output:
         rundir.check_report_output(Path(args.output), Path(args.run_dir))
+        rundir.check_regular_output(Path(args.output), "-o")
+    reports.check_step_summary()
     run = reports.load_run(Path(args.run_dir))
+    if args.output:
+        validate.check_out(Path(args.output), reports.target_specs(run), sources.cache_path())
     _write(reports.render(run, args.format), args.output)
     reports.append_step_summary(run)  # GitHub Actions: the summary on the job's page
     if note := reports.incomplete_note(run):
@@ -82,7 +88,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
     a, b = reports.load_run(Path(args.a)), reports.load_run(Path(args.b))
     comparison = diff.compare(a, b, maps)
     write_stdout(diff.render_diff(comparison, a, b, args.format))
-    return diff.exit_status(comparison.changes)
+    return diff.exit_status(comparison.changes, a, b)
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -107,7 +113,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("diff", help="cases whose outcome, verdict, error or failed checks changed between two runs;"
-                       " exit 1 on a new regression (a paired case that passed and now fails)",
+                       " exit 1 on a new regression (a paired case that passed and now fails) or an incomplete run",
                        epilog="example: repro diff runs/before runs/after --map path:fork-old=path:fork-new")
     p.add_argument("a", metavar="A", help="the earlier run: a run dir or run.json")
     p.add_argument("b", metavar="B", help="the later run: a run dir or run.json")

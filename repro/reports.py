@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from harness.errors import UsageError
 from harness.model import SCHEMA, Run
 from harness.runner import rundir
+from harness.runner.textsafe import printable, safe_value
 
 FORMATS = ("md", "verdict-md", "summary", "html", "junit", "json")
 OUTCOMES = ("pass", "crash", "wrong_output", "wrong_grad", "side_effect", "harness_error", "not_applicable",
@@ -69,6 +70,7 @@ def _read_json(path: Path) -> dict[str, Any]:
     if not isinstance(run, dict) or run.get("schema") != SCHEMA:
         raise UsageError(f"{path} is not a {SCHEMA} run")
     rundir.check_run_document(run, path)
+    run = safe_value(run)  # an escaped lone surrogate reads back as one
     try:
         return Run.model_validate(run).model_dump(mode="json", by_alias=True)
     except ValidationError as exc:
@@ -425,6 +427,8 @@ def reproduce_command(case_id: str, target: str, standalone: bool) -> str:
 # ---- formats ----
 
 def render(run: dict[str, Any], fmt: str, paths: dict[str, str] | None = None) -> str:
+    if fmt != "json":  # JSON escapes control characters itself
+        run = printable(run)
     # Imported here: the renderers import this module's views.
     if fmt == "md":
         from repro.render_md import render_markdown
@@ -464,6 +468,22 @@ def write_all_formats(run: dict[str, Any], out_dir: Path) -> dict[str, str]:
         paths[name] = str(out_dir / name)
     append_step_summary(run, paths)
     return paths
+
+
+def check_step_summary() -> None:
+    """Before a run: a $GITHUB_STEP_SUMMARY that is set must be a file this process can append
+    to (GitHub creates it); a bad one is found now, not after the whole run."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return
+    path = Path(target)
+    if path.exists():
+        problem = None if path.is_file() and os.access(path, os.W_OK) else (
+            "not a regular file" if not path.is_file() else "not writable")
+    else:
+        problem = None if path.parent.is_dir() and os.access(path.parent, os.W_OK) else "in no writable directory"
+    if problem:
+        raise UsageError(f"$GITHUB_STEP_SUMMARY {target} is {problem}; unset it or point it at a file to append to")
 
 
 def append_step_summary(run: dict[str, Any], paths: dict[str, str] | None = None) -> str | None:

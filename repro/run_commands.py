@@ -26,11 +26,11 @@ from harness.model import json_schema
 from harness.runner import hosts, rundir
 from harness.runner.completeness import incomplete_reason
 from harness.runner.expectations import all_unmet
-from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
+from harness.runner.sessions import CASE_TIMEOUT_S, LOAD_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
 from repro import rerun, validate
 from repro.progress import Progress, print_status_line
-from repro.reports import dirty_warnings, load_run, summarize, write_all_formats
+from repro.reports import check_step_summary, dirty_warnings, load_run, printable, summarize, write_all_formats
 
 
 def _progress(line: str) -> None:
@@ -106,9 +106,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             specs = list(dict.fromkeys(p.target for p in picked if p.target))
     else:
         planned = generate(args.matrix, args.only, args.max_cases)
-    out_dir = Path(args.out or Path("runs") / matrix)
+    # Absolute: the sessions get it as arguments (a relative `-rdash` would read as an option there).
+    out_dir = Path(os.path.abspath(args.out or Path("runs") / matrix))
     cache = sources.cache_dir(args.cache_dir)
     validate.check_out(out_dir, specs or [], cache)
+    rundir.check_run_dir(out_dir)
+    check_step_summary()
     megatron = megatron_for_run(args.megatron, planned, out_dir, cache, args.offline)
     with rundir.claim(out_dir), megatron_env(megatron):
         progress = Progress()  # each target's line appears once the runner has planned it
@@ -116,6 +119,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             run = run_matrix(matrix, args.only, specs, out_dir, args.workers, cache, args.offline,
                              args.max_cases, progress=progress, case_timeout=args.case_timeout,
+                             load_timeout=args.load_timeout,
                              fork_config=args.fork_config, selections=selections, pairs=pairs,
                              tx=tx, rsyncdirs=rsyncdirs)
         except (Interrupted, KeyboardInterrupt):
@@ -140,9 +144,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         run["summary"] = summarize(run)
         rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
         paths = write_all_formats(run, out_dir)
-    print_status_line(run, paths)
+    print_status_line(printable(run), paths)
     for line in [*dirty_warnings(run), *(p["problem"] for p in run.get("target_problems") or []), *all_unmet(run)]:
-        print(f"repro: {line}", file=sys.stderr)
+        print(f"repro: {printable(line)}", file=sys.stderr)
     if reason := incomplete_reason(run):
         print(f"repro: {reason}", file=sys.stderr)
     return 0 if run["summary"]["status"] == "PASS" else 1
@@ -155,9 +159,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         raise UsageError(f"sweep takes one regression; valid: {', '.join(REGRESSIONS)}")
     validate.check_only(args.only)
     generate(args.matrix, args.only, args.max_cases, preset="sweep")
-    out_dir = Path(args.out or Path("runs") / f"sweep-{args.matrix}")
+    out_dir = Path(os.path.abspath(args.out or Path("runs") / f"sweep-{args.matrix}"))
     cache = sources.cache_dir(args.cache_dir)
     validate.check_out(out_dir, [], cache)
+    check_step_summary()
     with rundir.claim(out_dir):
         result = sweep(args.matrix, args.only, args.from_version, args.to_version, out_dir, args.workers,
                        cache, args.offline, _progress)
@@ -252,8 +257,11 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="with a remote --tx: one more directory for xdist to copy to the workers (the harness and "
                    "the session's case file are copied already); repeatable")
     p.add_argument("--perf", action="store_true", help="also benchmark the matrix (as repro bench) into the reports")
-    p.add_argument("--case-timeout", type=validate.positive_float, default=CASE_TIMEOUT_S,
-                   help="seconds (above 0) before a case is recorded as hung")
+    p.add_argument("--case-timeout", type=validate.timeout_seconds, default=CASE_TIMEOUT_S,
+                   help="seconds (above 0) before a case is recorded as hung; its worker is ended if it does not stop")
+    p.add_argument("--load-timeout", type=validate.timeout_seconds, default=LOAD_TIMEOUT_S,
+                   help="seconds (above 0) a worker may take to import torch and load the target; past it the "
+                   "target is recorded as failing to load")
     p.add_argument("--from-run", metavar="DIR", help="re-run results of this stored run (with --verdict or --last-failed)")
     p.add_argument("--verdict", metavar="V[,V]", help="with --from-run: the results with these verdicts (or missing)")
     p.add_argument("--last-failed", action="store_true",

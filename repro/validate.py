@@ -12,13 +12,14 @@ from typing import NoReturn
 from harness import targets
 from harness.errors import UsageError
 from harness.runner import rundir
+from harness.runner.textsafe import printable
 
 
 class OneLineParser(argparse.ArgumentParser):
     """argparse, with its errors on one line (no usage block) and exit status 2."""
 
     def error(self, message: str) -> NoReturn:
-        print(f"{self.prog}: error: {message} (see {self.prog} --help)", file=sys.stderr)
+        print(f"{self.prog}: error: {printable(message)} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
 
 
@@ -39,6 +40,17 @@ def positive_float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number; give seconds above 0") from None
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"{text} is not allowed; give seconds above 0")
+    return value
+
+
+MAX_TIMEOUT_S = 7 * 24 * 3600  # a week: far above any case, and well inside what setitimer and a monotonic clock take
+
+
+def timeout_seconds(text: str) -> float:
+    """A timeout: seconds above 0 and at most a week (larger values overflow the timers in every session)."""
+    value = positive_float(text)
+    if value > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"{text} is not allowed; give seconds above 0, at most {MAX_TIMEOUT_S}")
     return value
 
 
@@ -63,17 +75,26 @@ def target_specs(listed: str | None, single: list[str] | None, default: tuple[st
     if not specs and default is None:
         check_fork_config(fork_config, [])
         return None
-    specs = specs or list(default or ())
-    for spec in specs:
-        targets.parse_spec(spec)
+    specs = [targets.canonical_spec(spec) for spec in specs or list(default or ())]
     targets.check_unique(specs)
     check_fork_config(fork_config, specs)
     targets.check_available(specs)
     return specs
 
 
-def check_out(out_dir: Path, specs: list[str], cache: Path) -> None:
-    rundir.check_out_location(out_dir, targets.source_roots(specs), cache)
+def check_out(out: Path, specs: list[str], cache: Path) -> None:
+    """The check every writing command (run, report -o, bench, review, sweep) makes before it
+    writes: its --out (a dir or a file) is neither inside a tree of `specs` (path:, installed)
+    nor inside the cache. Specs that do not parse (an old run's) are skipped."""
+    rundir.check_out_location(out, targets.source_roots([s for s in specs if _parses(s)]), cache)
+
+
+def _parses(spec: str) -> bool:
+    try:
+        targets.parse_spec(spec)
+    except UsageError:
+        return False
+    return True
 
 
 def check_fork_config(path: str | None, specs: list[str]) -> None:

@@ -2,8 +2,12 @@
 (pytest's own environment variable): it implements the runner's
 `pytest_repro_case_started` hook and kills, hangs or exhausts the worker on the cases
 named in REPRO_TEST_INJECT_FAULTS, as JSON {"<case_id>": "segfault" | "exit" | "hang" |
-"stuck" | "allocate"}; "stuck" hangs deaf to the per-case alarm, as a case spinning in C
-code would. Production code never imports this module."""
+"stuck" | "allocate" | "gil" | "sigstop" | "kill_controller" | "orphan" | "grad_off" | a
+raise_* fault}; "stuck" hangs deaf to the per-case alarm, as a case spinning in C code
+would; "gil" holds the GIL in C code (deaf to the alarm, and no other thread of the worker
+runs); "sigstop" stops the worker; "kill_controller" kills the session's controller with
+the case in flight; "orphan" leaves a process of its own session behind; the raise_*
+faults raise what a hostile target may. Production code never imports this module."""
 
 from __future__ import annotations
 
@@ -11,10 +15,26 @@ import ctypes
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 ENV = "REPRO_TEST_INJECT_FAULTS"
 PLUGIN = "tests.fault_plugin"
+ORPHAN_PIDS = os.environ.get("REPRO_TEST_ORPHAN_PIDS", "/dev/null")  # where "orphan" notes its process
+
+
+class TargetsOwnBaseException(BaseException):
+    """What a hostile target may raise: no Exception, so no `except Exception` takes it."""
+
+
+RAISES = {
+    "raise_surrogate": lambda: RuntimeError("bytes \udcff\udc80 from a surrogateescape decode"),
+    "raise_huge": lambda: RuntimeError("x" * 10_000_000),
+    "raise_controls": lambda: RuntimeError("NUL\x00 ESC\x1b[31mred\x1b[0m OSC\x1b]0;title\x07 bidi\u202e"),
+    "raise_base": lambda: TargetsOwnBaseException("not an Exception"),
+    "raise_keyboard": KeyboardInterrupt,
+}
 
 
 def pytest_repro_case_started(case_id: str) -> None:
@@ -28,6 +48,26 @@ def pytest_repro_case_started(case_id: str) -> None:
     elif fault == "stuck":
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
         time.sleep(3600)
+    elif fault == "gil":
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})  # else the alarm cuts sleep(3) short
+        ctypes.PyDLL(None).sleep(3600)  # a C call that keeps the GIL: the worker's own threads stop too
+    elif fault == "sigstop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif fault == "kill_controller":
+        time.sleep(2)  # the controller has noted the case as in flight
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(3600)
+    elif fault == "orphan":
+        code = (f"import os, time; open({ORPHAN_PIDS!r}, 'a').write(str(os.getpid()) + '\\n'); "
+                "time.sleep(3600)")
+        subprocess.Popen([sys.executable, "-c", code], start_new_session=True)
+        time.sleep(1)
+    elif fault == "grad_off":
+        import torch
+
+        torch.set_grad_enabled(False)
+    elif fault in RAISES:
+        raise RAISES[fault]()
     elif fault == "allocate":
         hoard = []
         while True:  # bounded by the address-space limit the test sets (RLIMIT_AS)

@@ -44,7 +44,7 @@ def test_a_dead_worker_is_attributed_to_its_case_and_the_chunk_goes_on(tmp_path:
     assert results[dead]["outcome"] == "crash" and results[dead]["error"]["message"] == "worker died"
     assert all(results[c]["outcome"] != "crash" for c in one_chunk if c != dead)
     # The cases after it ran in a follow-up session, and only they.
-    follow_up = json.loads((tmp_path / "sessions" / f"{TARGET}.follow-up-1.cases.json").read_text())
+    follow_up = json.loads((tmp_path / "sessions" / f"{sessions.session_name(TARGET)}.follow-up-1.cases.json").read_text())
     assert [Case(**c).case_id for c in follow_up["cases"]] == one_chunk[2:]
 
 

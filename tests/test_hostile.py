@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -25,6 +26,8 @@ from harness.targets import forkconfig, patching, sources
 from repro.reports import show_command
 from tests.conftest import REPO
 from tests.fault_plugin import ENV, PLUGIN
+
+ORPHAN_ENV = "REPRO_TEST_ORPHAN_PIDS"
 
 SMOKE = ["--matrix", "smoke", "--only", "pipeline=rmsnorm", "-n", "1"]
 FUSER = sources.FUSER_RELPATH
@@ -79,6 +82,8 @@ BAD_OPTIONS = {
     "negative workers": (["-n", "-3"], "give 1 or more"),
     "zero case timeout": (["--case-timeout", "0"], "above 0"),
     "nan case timeout": (["--case-timeout", "nan"], "above 0"),
+    "case timeout that overflows the timers": (["--case-timeout", "99999999999"], "at most"),
+    "zero load timeout": (["--load-timeout", "0"], "above 0"),
     "zero max cases": (["--max-cases", "0"], "give 1 or more"),
     "repeated --only axis": (["--only", "pipeline=rmsnorm", "--only", "pipeline=identity"], "given twice"),
     "short version": (["--targets", "te-2.13"], "write te-2.13.0"),
@@ -256,16 +261,19 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG is Linux's")
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG and the subreaper are Linux's")
 def test_second_run_refused_stale_reports_removed_and_sigkill_ends_every_process(tmp_path: Path) -> None:
     out = tmp_path / "out"
     out.mkdir()
+    (out / rundir.MARKER_NAME).write_text("")  # an earlier run's dir
     for stale in ("report.md", "report.html", "junit.xml", "run.json"):
         (out / stale).write_text("from an earlier run")
-    hang = {"issue22:ops-rmsnorm-enabled-leaf-trainable-none-single-dense-float32-cpu": "hang"}
+    # The first case leaves a process of its own session (setsid) behind; the second hangs.
+    faults = {"issue22:ops-rmsnorm-enabled-leaf-trainable-none-single-dense-float32-cpu": "orphan",
+              "issue22:ops-rmsnorm-enabled-leaf-trainable-checkpoint_reentrant-single-dense-float32-cpu": "hang"}
     command = [sys.executable, "-m", "repro", "run", *SMOKE, "--targets", "te-2.20.2", "--out", str(out)]
-    first = subprocess.Popen(command, cwd=REPO, env={**os.environ, ENV: json.dumps(hang), "PYTEST_PLUGINS": PLUGIN}, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL)
+    env = {**os.environ, ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(tmp_path / "orphans")}
+    first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
         while time.time() < deadline and not (out / "run-meta.json").is_file():  # written before any session
@@ -276,8 +284,9 @@ def test_second_run_refused_stale_reports_removed_and_sigkill_ends_every_process
             time.sleep(0.2)
         second = cli("run", *SMOKE, "--targets", "te-2.20.2", "--out", str(out))
         assert_refused(second, "another repro run is writing to")
-        processes = _descendants(first.pid)
-        assert processes
+        orphans = _orphans(tmp_path / "orphans", timeout=120)
+        processes = _descendants(first.pid) | set(orphans)
+        assert orphans and all(map(_alive, orphans))
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
@@ -477,3 +486,323 @@ def test_fork_config_renamed_op(fork: Path, tmp_path: Path) -> None:
     config.write_text('[renamed_ops]\nMakeExtraOutput = "npu_extra_output:NpuExtraOutput"\n')
     out = cli("targets", f"path:{fork}", "--fork-config", str(config)).stdout
     assert "MakeExtraOutput (as NpuExtraOutput)" in out, out
+
+
+# ==== hostile targets and hostile paths (issue 19), by class ====
+
+def _fork_with(fork: Path, code: str, file: str = FUSER) -> Path:
+    """The fork with `code` appended to one of its files (run at import of the target)."""
+    path = fork / file
+    path.write_text(path.read_text() + "\n" + code + "\n")
+    return fork
+
+
+# ---- write only what is ours ----
+
+def test_report_output_that_is_no_regular_file_is_refused_and_left_alone(partial_run: Path, tmp_path: Path) -> None:
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the harness's")
+    link = tmp_path / "link.md"
+    link.symlink_to(victim)
+    fifo = tmp_path / "fifo.md"
+    os.mkfifo(fifo)
+    outputs = [link, fifo]
+    try:
+        device = tmp_path / "null.md"
+        os.mknod(device, 0o666 | 0o020000, os.makedev(1, 3))  # a character device, as /dev/null
+        outputs.append(device)
+    except PermissionError:
+        device = None
+    for output in outputs:
+        assert_refused(cli("report", str(partial_run), "-o", str(output)), "not a regular file")
+    assert link.is_symlink() and victim.read_text() == "not the harness's"
+    assert fifo.is_fifo() and (device is None or device.is_char_device())
+
+
+def test_out_on_a_directory_the_harness_did_not_make_is_refused(tmp_path: Path) -> None:
+    mine = tmp_path / "mine"
+    (mine / "sessions").mkdir(parents=True)
+    for name in ("run.json", "report.md", "sessions/notes.txt"):
+        (mine / name).write_text("the user's own")
+    before = tree_digest(mine)
+    assert_refused(cli("run", *SMOKE, "--targets", "te-2.20.2", "--out", str(mine)), "not a repro run dir")
+    assert tree_digest(mine) == before and not (mine / rundir.MARKER_NAME).exists()
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    assert_refused(cli("run", *SMOKE, "--targets", "te-2.20.2", "--out", str(a_file)), "not a directory")
+
+
+def test_a_run_dir_keeps_the_files_the_harness_did_not_write(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    (out / "sessions").mkdir(parents=True)
+    (out / rundir.MARKER_NAME).write_text("")
+    (out / "report.md").write_text("stale")
+    (out / "notes.txt").write_text("the user's own")
+    (out / "sessions" / "mine.txt").write_text("the user's own")
+    rundir.remove_stale(out)
+    assert not (out / "report.md").exists()
+    assert (out / "notes.txt").read_text() == (out / "sessions" / "mine.txt").read_text() == "the user's own"
+    (out / "results.jsonl").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UsageError, match="results.jsonl is a symlink"):
+        rundir.check_run_dir(out)
+    legacy = tmp_path / "legacy"  # a run dir of a version before the mark: it holds the run lock
+    legacy.mkdir()
+    (legacy / rundir.LOCK_NAME).write_text("")
+    (legacy / "run.json").write_text("{}")
+    rundir.check_run_dir(legacy)
+
+
+def test_every_writing_command_refuses_an_out_in_a_source_or_the_cache(fork: Path, cache: Path,
+                                                                       partial_run: Path) -> None:
+    tree_out = fork / "transformer_engine" / "bench"
+    assert_refused(cli("bench", "--matrix", "smoke", "--targets", f"path:{fork}", "--out", str(tree_out)),
+                   "inside the source tree")
+    assert_refused(cli("bench", "--matrix", "smoke", "--targets", "te-2.20.2", "--out", str(cache / "b")),
+                   "inside the target cache")
+    assert_refused(cli("report", str(partial_run), "-o", str(cache / "r.md")), "inside the target cache")
+    assert_refused(cli("sweep", "--matrix", "issue22", "--out", str(cache / "s")), "inside the target cache")
+    assert not tree_out.exists() and not (cache / "b").exists() and not (cache / "r.md").exists()
+
+
+# ---- bounds from outside, and every observation survives ----
+
+HOSTILE_CASES = {fault: f"issue22:ops-{axes}-trainable-{recompute}-single-dense-float32-cpu" for fault, axes, recompute in [
+    ("gil", "rmsnorm-no_grad-leaf", "none"), ("sigstop", "rmsnorm-no_grad-non_leaf", "none"),
+    ("raise_surrogate", "rmsnorm-enabled-leaf", "none"), ("raise_huge", "rmsnorm-enabled-non_leaf", "none"),
+    ("raise_controls", "rmsnorm-enabled-leaf", "checkpoint_reentrant"),
+    ("raise_base", "rmsnorm-enabled-non_leaf", "checkpoint_reentrant"),
+    ("raise_keyboard", "extra_output_only-enabled-leaf", "none"),
+    ("grad_off", "extra_output_only-enabled-leaf", "checkpoint_reentrant"),
+    ("orphan", "extra_output_only-enabled-non_leaf", "none")]}
+UNTOUCHED = "issue22:ops-extra_output_only-no_grad-non_leaf-trainable-none-single-dense-float32-cpu"
+
+
+@pytest.fixture(scope="module")
+def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One run of the smoke matrix in which eight cases attack the worker: C code holding the
+    GIL, SIGSTOP, messages with lone surrogates, 10 MB and terminal escapes, a BaseException
+    of the target's own, KeyboardInterrupt, grad mode switched off, and a process of its own
+    session left behind."""
+    out = tmp_path_factory.mktemp("hostile") / "run"
+    faults = {case_id: fault for fault, case_id in HOSTILE_CASES.items()}
+    result = cli("run", "--matrix", "smoke", "--only", "pipeline=rmsnorm,extra_output_only", "--targets", "te-2.20.2",
+                 "-n", "1",
+                 "--case-timeout", "3", "--out", str(out),
+                 env={ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(out.parent / "orphans")})
+    return out, result
+
+
+def _orphans(path: Path, timeout: float = 0) -> list[int]:
+    deadline = time.time() + timeout
+    while timeout and time.time() < deadline and not path.is_file():
+        time.sleep(0.2)
+    return [int(line) for line in path.read_text().split()] if path.is_file() else []
+
+
+def test_processes_a_case_starts_end_with_its_session(hostile_run) -> None:
+    out, _ = hostile_run
+    orphans = _orphans(out.parent / "orphans")
+    assert orphans and not [pid for pid in orphans if _alive(pid)]
+
+
+def _records(out: Path) -> dict[str, dict]:
+    return {r["case_id"]: r for r in json.loads((out / "run.json").read_text())["results"]}
+
+
+def test_cases_deaf_to_the_alarm_are_ended_by_the_controller(hostile_run) -> None:
+    out, result = hostile_run
+    run = json.loads((out / "run.json").read_text())
+    assert run["complete"], result.stderr
+    records = _records(out)
+    for fault in ("gil", "sigstop"):
+        record = records[HOSTILE_CASES[fault]]
+        assert record["outcome"] == "crash" and record["error"]["message"] == "per-case timeout", record
+    assert records[UNTOUCHED]["verdict"] == "fixed"  # the other cases still ran, and were judged as usual
+
+
+def test_every_exception_is_recorded_with_its_type_and_made_safe(hostile_run) -> None:
+    out, _ = hostile_run
+    records = _records(out)
+    types = {fault: records[HOSTILE_CASES[fault]]["error"]["type"] for fault in HOSTILE_CASES if
+             fault.startswith("raise_")}
+    assert types == {"raise_surrogate": "RuntimeError", "raise_huge": "RuntimeError",
+                     "raise_controls": "RuntimeError", "raise_base": "TargetsOwnBaseException",
+                     "raise_keyboard": "KeyboardInterrupt"}
+    assert "\\udcff" in records[HOSTILE_CASES["raise_surrogate"]]["error"]["message"]
+    huge = records[HOSTILE_CASES["raise_huge"]]["error"]["message"]
+    assert len(huge) < 100_000 and re.search(r"truncated: 100000\d\d characters in all", huge), huge[-80:]
+
+
+def test_reports_escape_control_characters_and_stay_small(hostile_run) -> None:
+    out, result = hostile_run
+    assert (out / "report.html").stat().st_size < 2_000_000
+    for text in ((out / "report.md").read_text(), (out / "report.html").read_text(), result.stdout + result.stderr,
+                 cli("report", str(out), "--format", "md").stdout):
+        assert "\x1b" not in text and "\x00" not in text and "\u202e" not in text
+    assert "\\x1b" in (out / "report.md").read_text()
+
+
+def test_an_error_that_echoes_a_hostile_path_is_escaped() -> None:
+    result = cli("targets", "path:/tmp/\x1b]0;owned\x07\x1b[2J")
+    assert_refused(result, "\\x1b]0;owned\\x07")
+    assert "\x1b" not in result.stderr and "\x07" not in result.stderr
+
+
+def test_a_case_that_changes_global_state_is_named(hostile_run) -> None:
+    out, result = hostile_run
+    record = _records(out)[HOSTILE_CASES["grad_off"]]
+    assert record["verdict"] == "harness_error" and "global_state" in record["failed_checks"]
+    assert any("grad mode" in line for line in record["details"]["global_state"]), record
+    assert result.returncode == 1
+
+
+def test_an_escaped_surrogate_in_results_jsonl_renders(tmp_path: Path) -> None:
+    fixture = json.loads((REPO / "tests/fixtures/run-small/run.json").read_text())
+    record = {**fixture["results"][0], "note": "lone \udcff surrogate"}
+    (tmp_path / "results.jsonl").write_text(json.dumps(record) + "\n")  # json writes it as \udcff
+    for fmt in ("md", "html", "summary", "junit", "json"):
+        result = cli("report", str(tmp_path), "--format", fmt)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+
+
+def test_a_target_that_loops_at_import_is_a_load_failure(fork: Path, tmp_path: Path) -> None:
+    _fork_with(fork, "while True:\n    pass")
+    out = tmp_path / "run"
+    result = cli("run", *SMOKE, "--targets", f"path:{fork}", "--load-timeout", "20", "--out", str(out))
+    run = json.loads((out / "run.json").read_text())
+    assert run["complete"] and result.returncode == 1, result.stderr
+    assert all(r["verdict"] == "harness_error" and "did not load within 20 s" in r["note"] for r in run["results"])
+    for command in (["targets", f"path:{fork}"], ["minimal", "--target", f"path:{fork}"]):
+        probed = cli(*command, "--load-timeout", "5")
+        assert "probe timed out after 5 s" in probed.stdout and "Traceback" not in probed.stderr, probed
+
+
+def test_the_controller_dying_is_recorded_against_its_case(tmp_path: Path, cache: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from harness.runner import sessions
+
+    victim = HOSTILE_CASES["gil"]
+    monkeypatch.setenv(ENV, json.dumps({victim: "kill_controller"}))
+    monkeypatch.setenv("PYTEST_PLUGINS", PLUGIN)
+    run = sessions.run_matrix("smoke", ["pipeline=rmsnorm"], ["te-2.20.2"], tmp_path, 1, cache,
+                              progress=lambda _: None)
+    record = {r["case_id"]: r for r in run["results"]}[victim]
+    assert run["complete"] and record["outcome"] == "crash", run["problems"]
+    assert record["error"]["type"] == "ControllerDied" and record["verdict"] == "regression"
+    assert any("controller died" in p and victim in p for p in run["problems"])
+
+
+# ---- one identity per target ----
+
+def test_session_names_are_unique_per_spec() -> None:
+    from harness.runner.sessions import session_name
+
+    pairs = [("path:/a/b_c", "path:/a/b/c"), ("path:col a", "path:col_a"), ("te-2.13.0+backport", "te-2.13.0_backport")]
+    for one, other in pairs:
+        assert session_name(one) != session_name(other)
+    assert "/" not in session_name("path:/x/../../etc") and not session_name("path:..").startswith(".")
+
+
+def test_one_tree_spelled_three_ways_is_one_target(fork: Path) -> None:
+    from repro.validate import target_specs
+
+    spellings = [f"path:{fork}", f"path:{fork}/", f"path:{fork}/../{fork.name}"]
+    for other in spellings[1:]:
+        with pytest.raises(UsageError, match="given twice"):
+            target_specs(None, [spellings[0], other], ())
+
+
+# ---- the judge keeps its own tools ----
+
+def test_a_target_that_swaps_the_judges_tools_is_named(fork: Path, tmp_path: Path) -> None:
+    _fork_with(fork, "import torch, torch.testing\ntorch.testing.assert_close = lambda *a, **k: None\n"
+                     "torch.set_grad_enabled(False)")
+    out = tmp_path / "run"
+    result = cli("run", *SMOKE, "--targets", f"path:{fork}", "--out", str(out))
+    run = json.loads((out / "run.json").read_text())
+    flagged = [r for r in run["results"] if "global_state" in r["failed_checks"]]
+    assert flagged and result.returncode == 1, result.stderr
+    named = " ".join(flagged[0]["details"]["global_state"])
+    assert "torch.testing.assert_close was replaced" in named and "grad mode" in named
+    # Every case ran under the judge's own state: none looks fixed because grad mode was off.
+    assert not [r for r in run["results"] if r["verdict"] == "unexpected_pass"]
+
+
+def test_the_state_guard_names_and_undoes_each_change() -> None:
+    import torch
+
+    from harness.runner import state
+
+    backward = torch.Tensor.backward
+    try:
+        with state.guarded() as changed:
+            torch.Tensor.backward = lambda *a, **k: None  # type: ignore[method-assign]
+            torch.set_default_dtype(torch.float64)
+            torch.set_anomaly_enabled(True)
+            torch.use_deterministic_algorithms(True)
+    finally:
+        names = " ".join(changed)
+        restored = (torch.Tensor.backward is backward, torch.get_default_dtype(), torch.is_anomaly_enabled(),
+                    torch.are_deterministic_algorithms_enabled())
+        torch.Tensor.backward = backward  # type: ignore[method-assign]
+    for what in ("torch.Tensor.backward was replaced", "default dtype", "anomaly detection",
+                 "deterministic algorithms"):
+        assert what in names, names
+    assert restored == (True, torch.float32, False, False)
+
+
+# ---- exit statuses and one-line errors ----
+
+def test_diff_with_an_incomplete_run_is_not_zero(partial_run: Path) -> None:
+    complete = REPO / "tests/fixtures/run-small"
+    assert cli("diff", str(complete), str(partial_run)).returncode == 1
+    assert cli("diff", str(partial_run), str(complete)).returncode == 1
+
+
+def test_exec_passes_the_childs_status_through(tmp_path: Path, fork: Path) -> None:
+    assert cli("exec", "--target", "te-2.20.2", "--", "sh", "-c", "kill -9 $$").returncode == 137
+    assert cli("exec", "--target", "te-2.20.2", "--", "sh", "-c", "exit 7").returncode == 7
+    script = tmp_path / "script.py"
+    script.write_text("print('hi')\n")
+    assert_refused(cli("exec", "--target", "te-2.20.2", "--", str(script)), "not executable")
+    _fork_with(fork, "raise RuntimeError('the fork fails at import')")
+    assert_refused(cli("exec", "--target", f"path:{fork}", "--", sys.executable, "-c", "pass"),
+                   "the fork fails at import")
+
+
+def test_a_fork_that_prints_or_holds_odd_files_still_probes(fork: Path) -> None:
+    _fork_with(fork, "import atexit\nprint('hello from the fork')\natexit.register(print, 'bye from the fork')")
+    (fork / "transformer_engine" / "notes.py").mkdir()
+    for command in (["targets", f"path:{fork}"], ["minimal", "--target", f"path:{fork}"]):
+        result = cli(*command)
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert "probe process failed" not in result.stdout and "Error" not in result.stdout.split("raised")[0]
+        assert "loaded" in result.stdout or "raised RuntimeError at transformer_engine" in result.stdout, result.stdout
+
+
+def test_values_that_would_break_every_session_are_refused_or_handled(tmp_path: Path) -> None:
+    assert_refused(cli("run", *SMOKE, "--case-timeout", "99999999999", "--out", str(tmp_path / "o")), "at most")
+    summary_dir = tmp_path / "summary-is-a-dir"
+    summary_dir.mkdir()
+    assert_refused(cli("run", *SMOKE, "--out", str(tmp_path / "o"), env={"GITHUB_STEP_SUMMARY": str(summary_dir)}),
+                   "GITHUB_STEP_SUMMARY")
+    assert not (tmp_path / "o").exists()
+    # A relative --out that reads as an option, under a PYTEST_ADDOPTS that would break every session.
+    env = {**os.environ, "PYTEST_ADDOPTS": "--no-such-option -x", "PYTHONPATH": str(REPO)}
+    result = subprocess.run([sys.executable, "-m", "repro", "run", *SMOKE, "--targets", "te-2.20.2", "--out=-rdash"],
+                            capture_output=True, text=True, cwd=tmp_path, env=env, check=False)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((tmp_path / "-rdash" / "run.json").read_text())["complete"]
+    # A local worker in another directory gets the harness and the cases by xdist's rsync.
+    workdir = tmp_path / "workers"
+    result = cli("run", *SMOKE, "--targets", "te-2.20.2", "--tx", f"popen//chdir={workdir}",
+                 "--out", str(tmp_path / "chdir"))
+    assert result.returncode == 0, result.stderr
+
+
+def test_a_relative_xdg_cache_home_is_ignored(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(sources.CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", "relative/cache")
+    assert sources.cache_path() == Path.home() / ".cache" / "te-fuser-repro"
+    monkeypatch.setenv("XDG_CACHE_HOME", "/abs/cache")
+    assert sources.cache_path() == Path("/abs/cache/te-fuser-repro")

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.runner.sessions import session_name
 from tests.conftest import REPO
 
 SELECTION = ["--matrix", "smoke", "--only", "pipeline=rmsnorm", "--targets", "te-2.20.2"]
@@ -29,7 +30,7 @@ def _run(out: Path, *extra: str) -> subprocess.CompletedProcess[str]:
 
 
 def _workers(out: Path) -> list[dict]:
-    lines = (out / "sessions" / "te-2.20.2.startup.jsonl").read_text().splitlines()
+    lines = (out / "sessions" / f"{session_name('te-2.20.2')}.startup.jsonl").read_text().splitlines()
     return list({entry["pid"]: entry for entry in map(json.loads, lines)}.values())
 
 
@@ -95,7 +96,7 @@ def test_ssh_workers_on_the_loopback(tmp_path: Path, loopback_ssh: Path) -> None
     spec = f"2*ssh=127.0.0.1//ssh_config={loopback_ssh}//python={sys.executable}//chdir={remote_dir}"
     out = tmp_path / "run"
     result = _run(out, "--tx", spec)
-    assert result.returncode == 0, result.stderr + (out / "sessions" / "te-2.20.2.log").read_text()[-3000:]
+    assert result.returncode == 0, result.stderr + (out / "sessions" / f"{session_name('te-2.20.2')}.log").read_text()[-3000:]
     run = json.loads((out / "run.json").read_text())
     assert run["complete"] and len(run["results"]) == 6
     assert {r["verdict"] for r in run["results"]} <= {"fixed", "unaffected"}
@@ -103,7 +104,7 @@ def test_ssh_workers_on_the_loopback(tmp_path: Path, loopback_ssh: Path) -> None
     # The workers ran in the directory xdist copied the session and the harness to.
     assert workers and all(w["cwd"] == str(remote_dir) for w in workers)
     assert (remote_dir / "harness" / "runner" / "plugin.py").is_file()
-    assert (remote_dir / "sessions" / "te-2.20.2.cases.json").is_file()
+    assert (remote_dir / "sessions" / f"{session_name('te-2.20.2')}.cases.json").is_file()
 
 
 @pytest.mark.parametrize("args", [["--tx", "0*popen"], ["--tx", "ssh"], ["--tx", "telnet=host"],

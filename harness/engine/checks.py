@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.testing import assert_close  # bound at import, before any target: a target cannot swap the judge's
 
 # Per-dtype tolerances fed to torch.testing.assert_close (as TE's dtype_tols).
 TOLERANCES: dict[torch.dtype, dict[str, Any]] = {
@@ -21,7 +22,7 @@ TOLERANCES: dict[torch.dtype, dict[str, Any]] = {
 
 def _close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> list[str]:
     try:
-        torch.testing.assert_close(actual.detach(), expected.detach(), **TOLERANCES[expected.dtype])
+        assert_close(actual.detach(), expected.detach(), **TOLERANCES[expected.dtype])
     except AssertionError as exc:
         return [f"{what}: {str(exc).splitlines()[0]}"]
     return []

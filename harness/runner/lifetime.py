@@ -1,10 +1,11 @@
 """A run's processes die with it: `repro run` killed in any way (SIGKILL included) takes
 its pytest sessions and their xdist workers with it.
 
-Each session starts in its own process group with the parent-death signal set
-(PR_SET_PDEATHSIG, Linux), and loads this module as a pytest plugin, so every xdist
-worker sets it too: the kernel kills the session when `repro run` dies, and each worker
-when its session dies. `PARENT_ENV` names the pid each process expects as its parent, so
+Each session starts in its own process group under harness.runner.reaper (a child
+subreaper that kills every process the session left, setsid'd ones too, when the session
+ends or `repro run` dies), with the parent-death signal set (PR_SET_PDEATHSIG, Linux), and
+loads this module as a pytest plugin, so every xdist worker sets it too: the kernel kills
+the session when `repro run` dies, and each worker when its session dies. `PARENT_ENV` names the pid each process expects as its parent, so
 a process whose parent died before the signal was armed exits at once.
 """
 
@@ -30,6 +31,12 @@ def die_with_parent(expected_parent: int | None = None) -> None:
     if _PRCTL is None:
         return
     _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    die_with_parent_check(expected_parent)
+
+
+def die_with_parent_check(expected_parent: int | None = None) -> None:
+    """Exit at once when the parent this process expects is already gone (it died before the
+    parent-death signal was armed)."""
     expected = str(expected_parent) if expected_parent else os.environ.get(PARENT_ENV)
     if expected and expected.isdigit() and os.getppid() != int(expected):
         os._exit(1)  # the parent is already gone

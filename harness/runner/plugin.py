@@ -12,9 +12,17 @@ the crash against the case that worker had in flight. The rest of that chunk has
 records; the runner starts a follow-up session for them (harness.runner.sessions).
 
 A case that overruns the per-case timeout is interrupted by SIGALRM and recorded as a
-timeout, and the chunk goes on. A case stuck where the alarm cannot reach it (in C code
-that never returns to the interpreter) is ended by a watchdog thread that kills the
-worker; the controller then records the timeout against it.
+timeout, and the chunk goes on. The bound itself is the controller's: a thread there ends
+(SIGKILL) a local worker whose case is in flight past the timeout and a grace period, or
+that is still loading the target past the load timeout, whatever the worker is doing (C
+code holding the GIL, stopped by SIGSTOP, looping at import); the controller then records
+the timeout against the case, or records every case of the session as a load failure of
+the target and ends the session. A worker on another host is bounded by its own watchdog
+thread (the controller cannot signal it).
+
+Every case the controller hears start is noted in the `--repro-inflight` file, so that
+when the controller itself dies the runner can record a crash for the cases it had in
+flight (harness.runner.sessions).
 """
 
 from __future__ import annotations
@@ -31,16 +39,21 @@ import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
+
+from harness.runner.textsafe import safe_text
 
 # Imports of torch-heavy modules stay inside the functions: the xdist controller needs none.
 
 NOTICE = "repro"  # the `when` of the reports that carry a case's start and its record
 CHUNK_DEFAULT = 200
-WATCHDOG_GRACE_S = 10.0  # after the per-case timeout, before the watchdog kills a stuck worker
+CONTROLLER_GRACE_S = 5.0  # after the per-case timeout, before the controller ends the worker
+WATCHDOG_GRACE_S = 10.0  # after the per-case timeout, before a worker's own watchdog ends it (remote workers)
+LOAD_TIMEOUT_REASON = "load timeout"
 _state: dict[str, Any] = {}
+_lock = threading.Lock()  # the controller's in-flight table, shared with its watch thread
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -52,6 +65,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--repro-chunk", type=int, default=CHUNK_DEFAULT, help="cases per pytest item")
     group.addoption("--repro-case-timeout", type=float, default=0.0, help="seconds per case; 0: none")
     group.addoption("--repro-startup", help="where to append each worker's start-up times (JSON lines)")
+    group.addoption("--repro-load-timeout", type=float, default=0.0,
+                    help="seconds a worker may take to load the target; 0: none")
+    group.addoption("--repro-inflight", help="where the controller notes each case as it starts (JSON lines)")
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -122,6 +138,7 @@ def _worker_setup(config: pytest.Config) -> None:
     torch_s = time.perf_counter() - started
     torch.set_num_threads(1)
     from harness.errors import TargetLoadError
+    from harness.runner import state  # noqa: F401 — the judge's tools and modes, taken before any target
     from harness.targets import PreparedTarget
     from harness.targets.loader import load
 
@@ -202,12 +219,16 @@ class CaseChunk(pytest.Item):
         from cases.case import Case
 
         errors = []
+        if "announced" not in _state:  # the controller ends this process by its pid when it overruns a bound
+            _state["announced"] = True
+            self._notify("worker", {"pid": os.getpid(), "host": socket.gethostname()})
         for fields in self.cases:
             case = Case(**fields)
             self._notify("started", case.case_id)
             if "target" not in _state:  # after the first notice: a crash while loading is that case's
+                self._notify("loading", case.case_id)
                 _worker_setup(self.config)
-                self._notify("description", _state["description"])
+                self._notify("description", safe_text(_state["description"]))
             record = self._run_one(case)
             self._notify("record", record)
             if record["outcome"] == "harness_error":
@@ -219,22 +240,35 @@ class CaseChunk(pytest.Item):
             raise AssertionError(f"{len(errors)} harness errors, the first: {errors[0]}")
 
     def _run_one(self, case: Any) -> dict[str, Any]:
+        from cases.clients import needs_megatron
         from harness.runner.records import judge, lost_case_record
+        from harness.runner.state import guarded
 
         spec, role = _state["spec"], _role(_state["roles"], case.regression)
+        importing = "megatron_error" not in _state and needs_megatron(case)
+        if importing:  # Megatron's import is bounded as a load, not as the case
+            self._notify("loading", case.case_id)
         megatron_error = _megatron_error(case)
+        if importing:
+            self._notify("loaded", None)
         _state["inflight"] = (case.case_id, time.monotonic())
         try:
             with _alarm(self.config.getoption("--repro-case-timeout")):
-                self.config.hook.pytest_repro_case_started(case_id=case.case_id)
-                return judge(case, spec, _state["target"], role, megatron_error)
+                with guarded() as changed:
+                    self.config.hook.pytest_repro_case_started(case_id=case.case_id)
+                    record = judge(case, spec, _state["target"], role, megatron_error)
+                return _with_state_changes(record, changed)
         except CaseTimeout:
             return lost_case_record(case.case_id, spec, role, "per-case timeout", traceback.format_exc())
-        except (MemoryError, SystemExit) as exc:  # the case ends here, as a crash; the chunk goes on
-            why = "out of memory" if isinstance(exc, MemoryError) else f"the case raised SystemExit({exc.code!r})"
-            record = lost_case_record(case.case_id, spec, role, why, traceback.format_exc())
-            record["error"]["type"] = type(exc).__name__
-            return record
+        except BaseException as exc:  # noqa: BLE001 — SystemExit, KeyboardInterrupt, a target's own
+            # BaseException subclass: the case ends here, as a crash with the exception's type; the chunk goes on.
+            if isinstance(exc, MemoryError):
+                why = "out of memory"
+            elif isinstance(exc, SystemExit):
+                why = f"the case raised SystemExit({exc.code!r})"
+            else:
+                why = f"the case raised {type(exc).__name__}: {exc}"
+            return lost_case_record(case.case_id, spec, role, why, traceback.format_exc(), type(exc).__name__)
         finally:
             _state["inflight"] = None
 
@@ -250,7 +284,43 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 
 def pytest_configure(config: pytest.Config) -> None:
     _state["config"] = config
-    _state["inflight_by_worker"] = {}
+    _state.update(inflight_by_worker={}, workers={}, ending={}, recorded=set())
+    if not hasattr(config, "workerinput") and (config.getoption("--repro-case-timeout")
+                                               or config.getoption("--repro-load-timeout")):
+        threading.Thread(target=_watch, args=(config,), daemon=True, name="repro-controller-watch").start()
+
+
+def _watch(config: pytest.Config) -> None:
+    """On the controller: end a local worker whose case, or whose load of the target, overran
+    its bound; `pytest_handlecrashitem` then records why (module doc)."""
+    case_timeout = config.getoption("--repro-case-timeout")
+    load_timeout = config.getoption("--repro-load-timeout")
+    here = socket.gethostname()
+    while True:
+        time.sleep(0.5)
+        now = time.monotonic()
+        with _lock:
+            flights = list(_state["inflight_by_worker"].items())
+        for key, (_case_id, since, loading) in flights:
+            limit = load_timeout if loading else (case_timeout + CONTROLLER_GRACE_S if case_timeout else 0.0)
+            worker = _state["workers"].get(key)
+            if (not limit or now - since <= limit or key in _state["ending"] or not worker or worker["host"] != here
+                    or worker["pid"] == os.getpid()):  # another host's, or this process itself (no xdist)
+                continue
+            _state["ending"][key] = LOAD_TIMEOUT_REASON if loading else "per-case timeout"
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker["pid"], signal.SIGKILL)
+
+
+def _with_state_changes(record: dict[str, Any], changed: list[str]) -> dict[str, Any]:
+    """A case that left the process's global state changed: named in the record, and a harness
+    error (the observation may have been made under another state)."""
+    if not changed:
+        return record
+    note = "the case changed global state the checks depend on (restored): " + "; ".join(changed)
+    return {**record, "outcome": "harness_error", "verdict": "harness_error", "failed_checks":
+            [*record["failed_checks"], "global_state"], "details": {**record["details"], "global_state": changed},
+            "verdict_reason": note, "note": note}
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -264,21 +334,41 @@ def _worker_key(report: Any) -> str:
     return node.gateway.id if node is not None else "main"
 
 
+def _note_inflight(config: pytest.Config, case_id: str, key: str) -> None:
+    if path := config.getoption("--repro-inflight"):
+        with open(path, "a") as handle:
+            handle.write(json.dumps({"case_id": case_id, "worker": key}) + "\n")
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """On the controller (or a session without xdist): act on a worker's notices."""
     config = _state.get("config")
     if report.when != NOTICE or config is None or hasattr(config, "workerinput"):
         return
     (kind, payload), = report.user_properties
-    inflight = _state["inflight_by_worker"]
-    if kind == "started":
-        inflight[_worker_key(report)] = (payload, time.monotonic())
+    payload = cast(Any, payload)
+    inflight, key = _state["inflight_by_worker"], _worker_key(report)
+    if kind == "worker":
+        _state["workers"][key] = payload
+    elif kind == "started":
+        _note_inflight(config, payload, key)
+        with _lock:
+            inflight[key] = (payload, time.monotonic(), False)
+    elif kind == "loading":
+        with _lock:
+            inflight[key] = (payload, time.monotonic(), True)
     elif kind == "record":
-        inflight.pop(_worker_key(report), None)
+        with _lock:
+            inflight.pop(key, None)
+        _state["recorded"].add(payload["case_id"])
         append_record(Path(config.getoption("--repro-jsonl")), payload)
-    elif kind == "description" and config.getoption("--repro-description"):
-        # The runner reads which ops were TE's own and which the backend's from here.
-        Path(config.getoption("--repro-description")).write_text(payload)
+    elif kind in ("description", "loaded"):
+        with _lock:  # loaded: the case's own time starts now
+            if key in inflight:
+                inflight[key] = (inflight[key][0], time.monotonic(), False)
+        if kind == "description" and config.getoption("--repro-description"):
+            # The runner reads which ops were TE's own and which the backend's from here.
+            Path(config.getoption("--repro-description")).write_text(payload)
     elif kind == "startup" and config.getoption("--repro-startup"):
         with open(config.getoption("--repro-startup"), "a") as handle:
             handle.write(json.dumps(payload) + "\n")
@@ -286,17 +376,52 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:
     """On the controller: a worker died. Record the crash against the case it had in
-    flight; the chunk's later cases are left to the runner's follow-up session."""
+    flight; the chunk's later cases are left to the runner's follow-up session. A worker
+    ended for overrunning the load timeout ends the session: every case of it is recorded
+    as a load failure of the target (each worker would hang the same way)."""
     config = _state["config"]
-    case_id, since = _state["inflight_by_worker"].pop(_worker_key(report), (None, 0.0))
+    key = _worker_key(report)
+    with _lock:
+        case_id, since, _loading = _state["inflight_by_worker"].pop(key, (None, 0.0, False))
+    ended_for = _state["ending"].pop(key, None)
     if case_id is None:  # between cases: nothing to attribute
         return
     from cases.case import Case
     from harness.runner.records import lost_case_record
 
-    timeout = config.getoption("--repro-case-timeout")
-    why = "per-case timeout" if timeout and time.monotonic() - since >= timeout else "worker died"
     spec = json.loads(config.getoption("--repro-target"))["spec"]
-    role = _role(json.loads(config.getoption("--repro-roles")), Case.from_id(case_id).regression)
+    roles = json.loads(config.getoption("--repro-roles"))
+    if ended_for == LOAD_TIMEOUT_REASON:
+        _record_load_timeout(config, spec, roles)
+    timeout = config.getoption("--repro-case-timeout")
+    why = ended_for or ("per-case timeout" if timeout and time.monotonic() - since >= timeout else "worker died")
+    role = _role(roles, Case.from_id(case_id).regression)
+    _state["recorded"].add(case_id)
     append_record(Path(config.getoption("--repro-jsonl")),
                   lost_case_record(case_id, spec, role, why, str(report.longrepr)))
+
+
+def _record_load_timeout(config: pytest.Config, spec: str, roles: dict[str, str]) -> None:
+    """Every case of the session without a record: a load failure of the target. Then the
+    other local workers and this controller end (the runner sees every case recorded)."""
+    from cases.case import Case
+    from harness.errors import TargetLoadError
+    from harness.runner.records import judge
+
+    seconds = config.getoption("--repro-load-timeout")
+    error = TargetLoadError(f"{spec} did not load within {seconds:g} s (--load-timeout): its worker was ended "
+                            "while importing torch, the target or Megatron (a loop or a hang at import)")
+    records = []
+    for case_file in (Path(a) for a in config.args if a.endswith(".cases.json")):
+        for fields in json.loads(case_file.read_text())["cases"]:
+            case = Case(**fields)
+            if case.case_id not in _state["recorded"]:
+                records.append(judge(case, spec, error, _role(roles, case.regression)))
+    append_records(Path(config.getoption("--repro-jsonl")), records)
+    os.write(2, f"repro: {error}\n".encode())
+    here = socket.gethostname()
+    for worker in _state["workers"].values():
+        if worker["host"] == here:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker["pid"], signal.SIGKILL)
+    os._exit(3)

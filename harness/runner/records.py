@@ -14,6 +14,7 @@ from cases.clients import needs_megatron
 from cases.regressions import REGRESSIONS
 from harness.errors import TargetLoadError
 from harness.model import SCHEMA, Outcome, Role
+from harness.runner.textsafe import safe_value
 from harness.runner.verdicts import verdict
 
 __all__ = ["SCHEMA", "judge", "lost_case_record"]
@@ -21,9 +22,11 @@ __all__ = ["SCHEMA", "judge", "lost_case_record"]
 
 def finish(case: Case, spec: str, role: Role, observed: dict[str, Any]) -> dict[str, Any]:
     """The full record: the case's axes, the observation, the prediction, the verdict, and
-    whether a standalone reproducer can be written for it."""
+    whether a standalone reproducer can be written for it; its strings safe to send and store
+    (harness.runner.textsafe), whatever the target raised."""
     from harness.engine.standalone import standalone_refusal
 
+    observed = safe_value(observed)
     prediction = REGRESSIONS[case.regression].predict(case)
     judged, reason = verdict(prediction, observed, role)
     refusal = standalone_refusal(case)
@@ -67,9 +70,15 @@ def judge(case: Case, spec: str, target: Any, role: Role, megatron_error: str | 
     return finish(case, spec, role, observed)
 
 
-def lost_case_record(case_id: str, spec: str, role: Role, why: str, text: str) -> dict[str, Any]:
-    """The record for a case that never wrote its own: its worker died, or it hung."""
-    error = {"type": "WorkerDied" if why == "worker died" else "Timeout", "message": why, "location": None,
+LOST_TYPES = {"worker died": "WorkerDied", "per-case timeout": "Timeout",
+              "the session's controller died": "ControllerDied"}
+
+
+def lost_case_record(case_id: str, spec: str, role: Role, why: str, text: str,
+                     error_type: str | None = None) -> dict[str, Any]:
+    """The record for a case that never wrote its own: its worker or its session's controller
+    died, it hung, or it raised what ends a case (`error_type`: that exception's type)."""
+    error = {"type": error_type or LOST_TYPES.get(why, "Timeout"), "message": why, "location": None,
              "traceback": text[-4000:]}
     observed = {**_not_run(Outcome.CRASH, "completion", why, error), "failed_checks": ["completion"]}
     return finish(Case.from_id(case_id), spec, role, observed)

@@ -1,6 +1,12 @@
 """The run dir's safety: one run per dir, no stale artifacts beside new results, atomic
 writes, a full disk said in one line, and records read defensively.
 
+A run dir is marked as one (`.repro-run`) when the harness creates it or takes an empty
+dir; a non-empty dir without the mark is refused, so a run never removes files it did
+not write (a dir holding the run lock, which only a run creates, counts as marked: the
+run dirs of versions before the mark). Only regular files are written, and only where none or a regular file is: a
+symlink, FIFO or device at an output path is refused, never replaced.
+
 A run holds `.repro-run.lock` (filelock, an flock released by the kernel when the run
 dies in any way) from before its first write to after its last. What an earlier run left
 (reports, run.json, results) is removed before the first new result is written, so a
@@ -13,7 +19,7 @@ from __future__ import annotations
 import errno
 import json
 import os
-import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -23,11 +29,15 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from harness.errors import UsageError
+from harness.runner.textsafe import safe_value
 
 LOCK_NAME = ".repro-run.lock"
+MARKER_NAME = ".repro-run"  # written into every dir the harness makes a run dir
 STALE_FILES = ("run.json", "report.md", "report.html", "junit.xml", "results.jsonl", "run-meta.json", "perf.json",
-               "perf.svg")
-STALE_DIRS = ("sessions",)
+               "perf.svg", "review.md", "review.json")
+STALE_DIRS = ("sessions", "bench-logs")
+# What the harness writes inside those dirs (harness.runner.sessions, harness.bench): only these are removed.
+STALE_DIR_SUFFIXES = (".cases.json", ".log", ".description", ".startup.jsonl", ".inflight.jsonl", ".ini", ".json")
 INPUTS = ("run.json", "results.jsonl", "run-meta.json")  # what `repro report` reads from a run dir
 REQUIRED_KEYS = ("case_id", "target", "outcome", "verdict", "expected")
 
@@ -57,12 +67,63 @@ def check_writable(out_dir: Path) -> None:
         raise UsageError(f"output dir {out_dir} is not writable ({exc.strerror}); pass a writable --out") from None
 
 
+def kind_of(path: Path) -> str | None:
+    """None for a regular file or nothing at all; else what is there (symlink, FIFO, ...)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"unreadable entry ({exc.strerror})"
+    if stat.S_ISREG(mode):
+        return None
+    kinds = ((stat.S_ISLNK, "a symlink"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+             (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+    return next((name for test, name in kinds if test(mode)), "not a regular file")
+
+
+def check_regular_output(path: Path, option: str = "output") -> None:
+    """Refuse to write `path` when something other than a regular file is there: a rename
+    would replace a symlink, FIFO or device node with a file."""
+    if what := kind_of(path):
+        stdout = " (or omit -o: the report goes to stdout)" if option == "-o" else ""
+        raise UsageError(f"{option} {path} is {what}, not a regular file; repro writes only regular files "
+                         f"(never through or over a link or device); pass another path{stdout}")
+
+
+def _is_run_dir(out_dir: Path) -> bool:
+    """Marked, or left by a version before the mark: only a run creates its lock file."""
+    return any(kind_of(out_dir / name) is None and (out_dir / name).is_file() for name in (MARKER_NAME, LOCK_NAME))
+
+
+def check_run_dir(out_dir: Path) -> None:
+    """Refuse an --out that is not a directory, or a non-empty directory the harness did not
+    make a run dir; and a run dir whose output names hold something other than regular files."""
+    if not out_dir.is_dir():  # a link to a directory is that directory
+        if os.path.lexists(out_dir):
+            raise UsageError(f"--out {out_dir} is {kind_of(out_dir) or 'a file'}, not a directory; pass a new, "
+                             "empty or run directory")
+        return
+    if not _is_run_dir(out_dir) and any(out_dir.iterdir()):
+        raise UsageError(f"--out {out_dir} is a non-empty directory that is not a repro run dir (no {MARKER_NAME});"
+                         " repro never removes files it did not write: pass a new or empty directory")
+    for name in (*STALE_FILES, *STALE_DIRS, LOCK_NAME):
+        what = kind_of(out_dir / name)
+        if what and not (name in STALE_DIRS and what == "a directory"):
+            raise UsageError(f"run dir {out_dir}: {name} is {what}, which repro did not write; remove it or pass "
+                             "another --out")
+
+
 @contextmanager
 def claim(out_dir: Path) -> Iterator[None]:
     """Hold the run dir for this run; a second run into it is refused with one line. A dir
     this run created is removed again when the run is refused before writing anything."""
+    check_run_dir(out_dir)
     created = not out_dir.exists()
     check_writable(out_dir)
+    marker = out_dir / MARKER_NAME
+    if not _is_run_dir(out_dir):
+        marker.write_text("a repro run dir: repro removes only the files it wrote here\n")
     lock = FileLock(out_dir / LOCK_NAME, timeout=0)
     try:
         lock.acquire()
@@ -72,9 +133,11 @@ def claim(out_dir: Path) -> Iterator[None]:
     try:
         yield
     except Exception:
-        if created and [p.name for p in out_dir.iterdir()] == [LOCK_NAME]:
+        if created and sorted(p.name for p in out_dir.iterdir()) == sorted([LOCK_NAME, MARKER_NAME]):
             lock.release()
-            shutil.rmtree(out_dir, ignore_errors=True)
+            for name in (LOCK_NAME, MARKER_NAME):
+                (out_dir / name).unlink(missing_ok=True)
+            out_dir.rmdir()
         raise
     finally:
         if lock.is_locked:
@@ -82,11 +145,20 @@ def claim(out_dir: Path) -> Iterator[None]:
 
 
 def remove_stale(out_dir: Path) -> None:
-    """Remove what an earlier run left, before the first new result is written."""
+    """Remove what an earlier run left, before the first new result is written: the files
+    the harness writes, and nothing else (a user's own file in the dir stays)."""
     for name in STALE_FILES:
-        (out_dir / name).unlink(missing_ok=True)
+        if kind_of(out_dir / name) is None:
+            (out_dir / name).unlink(missing_ok=True)
     for name in STALE_DIRS:
-        shutil.rmtree(out_dir / name, ignore_errors=True)
+        folder = out_dir / name
+        if kind_of(folder) != "a directory":
+            continue
+        for entry in folder.iterdir():
+            if kind_of(entry) is None and entry.name.endswith(STALE_DIR_SUFFIXES):
+                entry.unlink()
+        if not any(folder.iterdir()):
+            folder.rmdir()
 
 
 def _os_error(exc: OSError, path: Path) -> UsageError:
@@ -97,7 +169,9 @@ def _os_error(exc: OSError, path: Path) -> UsageError:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file in the same dir and a rename."""
+    """Write `text` to `path` through a temporary file in the same dir and a rename; refused
+    when something other than a regular file is at `path`."""
+    check_regular_output(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         with open(tmp, "w", encoding="utf-8") as handle:
@@ -134,7 +208,7 @@ def read_results(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if missing := [k for k in REQUIRED_KEYS if not isinstance(record.get(k), str)]:
             problems.append(f"{path.name} line {number}: record lacks {', '.join(missing)}, skipped")
             continue
-        records.append(record)
+        records.append(safe_value(record))  # an escaped lone surrogate reads back as one: escaped again
     return records, problems
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import json
 import os
 import platform
@@ -31,6 +32,7 @@ from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 
 CASE_TIMEOUT_S = 120
+LOAD_TIMEOUT_S = 300  # importing torch and loading a target, per worker
 CHUNK_MAX = 200  # cases per pytest item, at most
 LARGE_SESSION = 4000  # runnable cases per target above which one session gets every worker
 
@@ -86,7 +88,10 @@ class ProgressReader:
 
 
 def session_name(spec: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_.-]", "_", spec)
+    """A file name per target: readable, and unique by a hash of the whole spec (two specs that
+    differ only in characters the name cannot hold never share session files)."""
+    readable = re.sub(r"[^A-Za-z0-9_.-]", "_", spec)[-60:].lstrip(".")
+    return f"{readable}-{hashlib.sha256(spec.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
 
 
 def _read_description(out_dir: Path, target: targets.PreparedTarget) -> str:
@@ -101,12 +106,15 @@ def chunk_size(cases: int, workers: int) -> int:
 
 
 def _remote(tx: list[str]) -> bool:
-    return any("popen" not in spec.split("//")[0] for spec in tx)
+    """Whether a worker does not share this file system as is: another host, or a local
+    worker in another directory (`popen//chdir=DIR`), which xdist fills by rsync as well."""
+    return any("popen" not in spec.split("//")[0] or "//chdir=" in spec for spec in tx)
 
 
 def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: dict[str, str], out_dir: Path,
                    jsonl: Path, workers: int, case_timeout: float, attempt: int = 0,
-                   tx: list[str] | None = None, rsyncdirs: list[str] | None = None) -> subprocess.Popen[bytes]:
+                   tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
+                   load_timeout: float = LOAD_TIMEOUT_S) -> subprocess.Popen[bytes]:
     """One pytest session for one target; its cases spread over `workers` xdist workers,
     or over the workers of the given xdist `--tx` specs. `attempt` counts the follow-up
     sessions of this target (its cases without a record after a worker died); they run
@@ -123,13 +131,15 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
     # Plugin autoloading is off (env below): only the plugins named here load, whatever the host has installed.
     # Per-case timeouts are the plugin's own (an item holds many cases), so pytest-timeout is not loaded.
     n_workers = sum(int(s.split("*", 1)[0]) if "*" in s else 1 for s in tx) if tx else max(1, workers)
-    command = [sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
+    # Under the reaper: what a case starts ends with the session (harness.runner.reaper).
+    command = [sys.executable, "-m", "harness.runner.reaper", "--", sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
                "-p", "xdist.plugin", "-p", "harness.runner.plugin", "-p", "harness.runner.lifetime",
                "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
                f"--repro-case-timeout={case_timeout}", f"--repro-chunk={1 if attempt else chunk_size(len(cases), n_workers)}",
                f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", f"--repro-roles={json.dumps(roles)}",
-               f"--repro-startup={case_dir / f'{safe}.startup.jsonl'}", str(case_file)]
+               f"--repro-startup={case_dir / f'{safe}.startup.jsonl'}", f"--repro-load-timeout={load_timeout}",
+               f"--repro-inflight={case_dir / f'{safe}.inflight.jsonl'}", str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
     # A crash costs one worker, so a target that crashes on every case still gets a fresh
@@ -147,7 +157,9 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
             command += [f"--rsyncdir={d}" for d in (case_dir, repo / "harness", repo / "cases", *(rsyncdirs or []))]
     else:
         command += ["-n", str(max(1, workers))]
-    env = lifetime.session_env({**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": os.pathsep.join(
+    # The caller's PYTEST_ADDOPTS would change every session (-x, -p, --timeout...): the session's options are these.
+    env = lifetime.session_env({**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
+                                "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
     with open(case_dir / f"{safe}.log", "a" if attempt else "w") as log:
         # Own process group (stopped as a whole), and killed by the kernel if we die. The
@@ -171,9 +183,33 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
+def _record_lost_in_flight(target: targets.PreparedTarget, roles: dict[str, str], out_dir: Path, jsonl: Path,
+                           recorded: set[str], code: int) -> list[str]:
+    """After a session ended: the cases its controller heard start but never recorded (it
+    died with them in flight) get a crash record each, never a silent re-run; returns a
+    problem line per case, for the run."""
+    from harness.model import Role
+    from harness.runner.plugin import append_records
+    from harness.runner.records import lost_case_record
+
+    path = out_dir / "sessions" / f"{session_name(target.spec)}.inflight.jsonl"
+    if not path.is_file():
+        return []
+    started = dict.fromkeys(json.loads(line)["case_id"] for line in path.read_text().splitlines() if line.strip())
+    lost = [case_id for case_id in started if case_id not in recorded]
+    why = "the session's controller died"
+    records = [lost_case_record(case_id, target.spec, Role(roles.get(Case.from_id(case_id).regression, "unknown")), why,
+                                f"the pytest session of {target.spec} exited with status {code} while this case ran")
+               for case_id in lost]
+    append_records(jsonl, records)
+    return [f"{target.spec}: {why} (exit status {code}) with {case_id} in flight; recorded as a crash"
+            for case_id in lost]
+
+
 def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]], out_dir: Path, jsonl: Path,
                   workers: int, progress: Callable[[str], None], case_timeout: float,
-                  tx: list[str] | None = None, rsyncdirs: list[str] | None = None) -> dict[str, int]:
+                  tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
+                  load_timeout: float = LOAD_TIMEOUT_S, problems: list[str] | None = None) -> dict[str, int]:
     """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
     seconds, so for ordinary selections the sessions run side by side, one worker each;
     a session too large for that gets all the workers, one session at a time. With xdist
@@ -197,7 +233,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                 job = pending.pop(0)
                 target, cases, roles, attempt = job
                 process = _start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout, attempt,
-                                         tx, rsyncdirs)
+                                         tx, rsyncdirs, load_timeout)
                 running[process.pid] = (process, job)
             time.sleep(0.2)
             ended = [pid for pid, (process, _) in running.items() if process.poll() is not None]
@@ -205,6 +241,12 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
             for pid in ended:
                 process, (target, cases, roles, attempt) = running.pop(pid)
                 exits[target.spec] = process.returncode
+                if process.returncode not in (0, 1):  # 1: harness errors recorded; else the session itself failed
+                    lines = _record_lost_in_flight(target, roles, out_dir, jsonl,
+                                                   reader.case_ids.get(target.spec, set()), process.returncode)
+                    if problems is not None:
+                        problems += lines
+                    reader.poll()
                 recorded = reader.case_ids.get(target.spec, set())
                 missing = [c for c in cases if c.case_id not in recorded]
                 if missing and len(missing) < len(cases):  # progress made: the rest get a fresh session
@@ -257,7 +299,7 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
                role_override: Role | None = None, preset: str = "default",
                fork_config: str | None = None, selections: list[Selection] | None = None,
                pairs: set[tuple[str | None, str]] | None = None, tx: list[str] | None = None,
-               rsyncdirs: list[str] | None = None) -> dict[str, Any]:
+               rsyncdirs: list[str] | None = None, load_timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
     """Run a matrix; `role_override` judges every target with one role (the sweep's unknown).
     A re-run passes its `selections` instead, and `pairs` (target or None for every target,
     case id) keeps only the results it asks for. `tx`: pytest-xdist `--tx` specs for every
@@ -266,6 +308,7 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     if selections is None:
         selections = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}), preset=preset)
     by_target = plan_targets(selections, specs)
+    out_dir = Path(os.path.abspath(out_dir))  # handed to the sessions as arguments
     rundir.check_writable(out_dir)
     prepared = {spec: targets.prepare(spec, cache, offline, fork_config) for spec in by_target}
     roles = {spec: {s.regression.id: (role_override, "given by the caller") if role_override
@@ -305,13 +348,16 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     for target, cases, target_roles in plan:
         progress(f"{target.spec}: {len(cases)} cases to run ({', '.join(f'{r} {v}' for r, v in target_roles.items())})")
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+    session_problems: list[str] = []
     try:
-        exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout, tx, rsyncdirs)
+        exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout, tx, rsyncdirs, load_timeout,
+                              session_problems)
     finally:
         signal.signal(signal.SIGTERM, previous)
     descriptions = {spec: _read_description(out_dir, target) for spec, target in prepared.items()}
     run = assemble(out_dir, matrix, selections, plan, roles, excluded, descriptions)
     run["target_problems"] = [{"target": spec, "problem": line} for spec, line in blocked.items()]
+    run["problems"] = session_problems + run["problems"]
     run["not_run"] = completeness.not_run(run, [(target, cases) for target, cases, _ in plan], exits,
                                           out_dir / "sessions")
     return run

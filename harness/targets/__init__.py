@@ -66,6 +66,19 @@ def parse_spec(text: str) -> TargetSpec:
     raise UsageError(f"unknown target spec {text!r}; valid forms: {SPEC_FORMS}")
 
 
+def canonical_spec(text: str) -> str:
+    """One spelling per target: a `path:` dir made absolute with `..`, `.` and links resolved
+    (`path:X`, `path:X/` and `path:X/../X` are one target); a dir whose name ends in a
+    patch's `+name` keeps its trailing `/`. Other specs are their own canonical form."""
+    spec = parse_spec(text)
+    if spec.kind != "path":
+        return text
+    root = str(Path(spec.value).expanduser().resolve())
+    _, sep, tail = root.rpartition("+")
+    literal = "/" if sep and patching.is_patch_name(tail) else ""
+    return f"path:{root}{literal}" + (f"+{spec.patch}" if spec.patch else "")
+
+
 def parse_spec_list(text: str) -> list[str]:
     """`--targets A,B,C`: refuse an empty list, empty items and repeats. A spec holding a
     comma is passed with `--target SPEC` instead, which is never split."""

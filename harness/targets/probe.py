@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from harness.errors import TargetLoadError
 from harness.targets import PreparedTarget
@@ -27,7 +28,13 @@ def main() -> None:
             report["minimal"] = run_minimal(target)
     except TargetLoadError as exc:
         report["load_error"] = str(exc)
-    print(json.dumps(report))
+    from harness.runner.textsafe import safe_value
+
+    text = json.dumps(safe_value(report))
+    if "--report" in sys.argv:  # the caller's own channel: nothing the target prints can mix into it
+        Path(sys.argv[sys.argv.index("--report") + 1]).write_text(text)
+    else:
+        print(text)
 
 
 if __name__ == "__main__":

@@ -51,9 +51,12 @@ def activate() -> None:
             from harness.engine.execute import import_megatron
 
             import_megatron("cpu")
-    except TargetLoadError as exc:
-        print(f"repro exec: {exc}", file=sys.stderr)
-        sys.exit(2)
+    except (TargetLoadError, Exception) as exc:  # noqa: BLE001 — whatever a fork raises at import: one line
+        # os._exit, not sys.exit: SystemExit in sitecustomize is a "Fatal Python error" with a page of output.
+        what = str(exc) if isinstance(exc, TargetLoadError) else f"{type(exc).__name__}: {exc}"
+        sys.stderr.write(f"repro exec: {' '.join(what.split())}\n")
+        sys.stderr.flush()
+        os._exit(2)
     if prepared.backend != "native":
         expose_ops(loaded.ops)
 

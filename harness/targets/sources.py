@@ -51,14 +51,21 @@ class Distribution:
 TE = Distribution(PACKAGE, FUSER_RELPATH, "a TE release with the op fuser")
 
 
-def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
-    """The target cache: --cache-dir, else $TE_REPRO_CACHE, else the XDG cache dir."""
+def cache_path(override: str | os.PathLike[str] | None = None) -> Path:
+    """Where the target cache is, without creating it: --cache-dir, else $TE_REPRO_CACHE,
+    else $XDG_CACHE_HOME/te-fuser-repro (a relative $XDG_CACHE_HOME is ignored, as the XDG
+    spec says), else ~/.cache/te-fuser-repro."""
     if override:
-        path = Path(override)
-    elif os.environ.get(CACHE_ENV):
-        path = Path(os.environ[CACHE_ENV])
-    else:
-        path = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "te-fuser-repro"
+        return Path(override)
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    xdg = os.environ.get("XDG_CACHE_HOME") or ""
+    return (Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache") / "te-fuser-repro"
+
+
+def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
+    """The target cache (created when missing): see `cache_path`."""
+    path = cache_path(override)
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path):
@@ -94,7 +101,8 @@ def fuser_hash(root: Path) -> str:
 def loadable_files(root: Path) -> list[Path]:
     """Every file the loader may import from a tree: the Python files of transformer_engine/."""
     package = root / "transformer_engine"
-    return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts)
+    # A directory may be named like a module (`notes.py/`): only files are loadable.
+    return sorted(p for p in package.rglob("*.py") if "__pycache__" not in p.parts and p.is_file())
 
 
 def content_hash(root: Path) -> str:
