@@ -53,7 +53,7 @@ def render_notes(perf: dict[str, Any]) -> str:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    specs = validate.target_specs(args.targets, None, bench.default_targets(args.matrix))
+    specs = validate.target_specs(args.targets, None, bench.default_targets(args.matrix)) or []
     upstream = args.upstream or bench.default_upstream(args.matrix, specs)
     validate.check_only(args.only)
     modes = bench.parse_modes(args.modes)

@@ -132,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `repro COMMAND --help` for a command's options. Without a command, repro prints this help"
                " (exit status 0).\nexample: repro run --matrix issue22")
     parser.add_argument("--version", action="version", version=f"repro {_version()}")
-    common = argparse.ArgumentParser(add_help=False)
+    common = validate.OneLineParser(add_help=False)
     common.add_argument("--cache-dir", help=f"target cache (default ${sources.CACHE_ENV} or the XDG cache dir)")
     common.add_argument("--offline", action="store_true", help="use only the cache; never download")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")

@@ -190,8 +190,9 @@ def fused_norm_structure(parts: ClientParts) -> list[list[str]]:
     found = []
     for root in parts.modules.values():
         for module in root.modules():
-            if type(module).__name__ == "TEFusedResidualRMSNorm" and getattr(module, "_fused_impl", None):
-                found.append([f"{type(op).__module__}.{type(op).__qualname__}" for op in module._fused_impl[0].children()])
+            fused: Any = getattr(module, "_fused_impl", None)  # TE sets it: a one-item tuple of te.ops.Sequential
+            if type(module).__name__ == "TEFusedResidualRMSNorm" and fused:
+                found.append([f"{type(op).__module__}.{type(op).__qualname__}" for op in fused[0].children()])
     return found
 
 

@@ -77,7 +77,7 @@ def run_client_minimal(target: LoadedTarget, megatron: LoadedMegatron, client: s
         outputs = _wrapped(parts, megatron, recompute)(x)
         weights = [torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 2 + i)).to(o)
                    for i, o in enumerate(outputs)]
-        sum((o.float() * w.float()).sum() for o, w in zip(outputs, weights)).backward()
+        torch.stack([(o.float() * w.float()).sum() for o, w in zip(outputs, weights)]).sum().backward()
     except Exception as exc:  # noqa: BLE001 — the observation this exists to record
         result.update(completed=False, error=error_record(exc, target.te_dir),
                       frames=[f.__dict__ for f in frames.layer_to_fuser(exc)],
@@ -89,7 +89,7 @@ def run_client_minimal(target: LoadedTarget, megatron: LoadedMegatron, client: s
         return result
     ref_leaf, ref_x = _inputs(parts.input_shape, dtype, device, seed)
     ref_outputs = parts.reference(ref_x)
-    sum((o.float() * w.float()).sum() for o, w in zip(ref_outputs, weights)).backward()
+    torch.stack([(o.float() * w.float()).sum() for o, w in zip(ref_outputs, weights)]).sum().backward()
     failures = _compare({f"output {i}": o.detach() for i, o in enumerate(outputs)},
                         {f"output {i}": o.detach() for i, o in enumerate(ref_outputs)})
     failures += _compare({"grad of input": leaf.grad, **{f"grad of {n}": p.grad for n, p in parts.test_params.items()}},
