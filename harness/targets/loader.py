@@ -193,7 +193,7 @@ def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
 
 def _load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     te_dir = Path(prepared.root or "") / "transformer_engine"
-    device.install()
+    device.install(te_dir)
     module, stood_in = extension.build(prepared.spec, te_dir)
     sys.modules[extension.EXTENSION] = module
     sys.meta_path.insert(0, boundary.TargetFinder(te_dir, prepared.version))
@@ -201,8 +201,8 @@ def _load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     # transformer_engine/__init__.py swallows an ImportError of its pytorch package; importing
     # the package itself raises it again, with the target's file and line.
     te = _import(prepared.spec, "transformer_engine.pytorch", te_dir)
-    device.place_te_allocations(sys.modules.get("transformer_engine.pytorch.utils"))
     te_ops_module = _import(prepared.spec, "transformer_engine.pytorch.ops", te_dir)
+    device.answer_te_device_queries(sys.modules)
     op_module = _import(prepared.spec, "transformer_engine.pytorch.ops.op", te_dir)  # 2.1-2.3 do not export it
     ops: dict[str, Any] = {"Sequential": te_ops_module.Sequential, "BasicOperation": op_module.BasicOperation}
     te_ops, missing = [], {}

@@ -11,15 +11,26 @@ says False, and anything else under torch.cuda fails as CPU torch makes it fail.
 
 Installed process-wide by the loader (`install`), before the target is imported.
 
-One TE function is replaced, after import (`place_te_allocations`): `utils._empty_tensor`,
-the placeholder that `clear_tensor_data` (every op's backward) points freed saved tensors
-at, is allocated with `torch.Tensor().cuda()`; on the CPU backend it is a CPU tensor.
+Where TE's own code names CUDA outright, the CUDA device is the CPU, the device the CPU
+backend computes on:
+- `tensor.cuda()` called from the target's own files (releases up to 2.5 move an activation's
+  input with `x.cuda()`; `utils._empty_tensor()` is `torch.Tensor().cuda()`) returns the tensor
+  as it is; called from anywhere else it fails as CPU torch makes it fail.
+
+and, after import (`answer_te_device_queries`), two of TE's helpers:
+- `canonicalize_device(None)`, "the default CUDA device", which releases up to 2.12 move an
+  op's CPU tensors to (`if device.type != "cuda": device = canonicalize_device(None)`), is the
+  CPU: the device the CPU backend computes on. Given a device, it is TE's own;
+- `module.base.get_workspace()`, the cuBLAS workspace (`device="cuda"`, up to 2.12) that the
+  GEMM stand-in never reads, is an empty CPU tensor.
 """
 
 from __future__ import annotations
 
 import functools
+import sys
 import types
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -66,24 +77,59 @@ ANSWERS = {f.__name__: f for f in (current_device, get_device_properties, get_de
                                    get_device_name, get_rng_state, set_rng_state, manual_seed)}
 
 
+def _cpu_by_default(canonicalize: Any) -> Any:
+    @functools.wraps(canonicalize)
+    def canonicalize_device(device: Any = None) -> torch.device:
+        return torch.device("cpu") if device is None else canonicalize(device)
+
+    return canonicalize_device
+
+
 @functools.cache
-def _empty_cpu_tensor() -> torch.Tensor:
-    return torch.Tensor()
+def _cpu_workspace() -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8)
 
 
-def place_te_allocations(utils_module: types.ModuleType | None) -> list[str]:
-    """TE's CUDA-only placeholder allocation, made on the CPU (see the module docstring)."""
-    if torch.cuda.is_available() or utils_module is None or not hasattr(utils_module, "_empty_tensor"):
+def answer_te_device_queries(modules: dict[str, types.ModuleType]) -> list[str]:
+    """The helpers above, where TE defines them and in every loaded TE module that imported
+    them by name; once, right after the target's import."""
+    if torch.cuda.is_available():
         return []
-    utils_module._empty_tensor = _empty_cpu_tensor
-    return ["transformer_engine.pytorch.utils._empty_tensor"]
+    replacements: dict[str, tuple[Any, Any]] = {}
+    for module_name, name, make in (("utils", "canonicalize_device", _cpu_by_default),
+                                    ("module.base", "get_workspace", lambda _original: _cpu_workspace)):
+        home = modules.get(f"transformer_engine.pytorch.{module_name}")
+        original = getattr(home, name, None)
+        if original is not None:
+            replacements[name] = (original, make(original))
+    answered = []
+    for module_name, module in list(modules.items()):
+        if not module_name.startswith("transformer_engine."):
+            continue
+        for name, (original, replacement) in replacements.items():
+            if module.__dict__.get(name) is original:
+                setattr(module, name, replacement)
+                answered.append(f"{module_name}.{name}")
+    return answered
 
 
-def install() -> list[str]:
-    """Answer the queries above in torch.cuda (idempotent); returns their names. A CUDA
-    build of torch with a device keeps its own answers."""
+def _cuda_from_te(te_dir: str, original: Any) -> Any:
+    def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if sys._getframe(1).f_code.co_filename.startswith(te_dir):
+            return self
+        return original(self, *args, **kwargs)
+
+    cuda.answered_by_cpu_backend = True  # type: ignore[attr-defined]
+    return cuda
+
+
+def install(te_dir: Path) -> list[str]:
+    """Answer the queries above in torch.cuda, and TE's own `tensor.cuda()` (once per process);
+    returns what is answered. A CUDA build of torch with a device keeps its own answers."""
     if torch.cuda.is_available():
         return []
     for name, answer in ANSWERS.items():
         setattr(torch.cuda, name, answer)
-    return [f"torch.cuda.{name}" for name in ANSWERS]
+    if not getattr(torch.Tensor.cuda, "answered_by_cpu_backend", False):
+        torch.Tensor.cuda = _cuda_from_te(str(te_dir), torch.Tensor.cuda)  # type: ignore[method-assign]
+    return [f"torch.cuda.{name}" for name in ANSWERS] + ["torch.Tensor.cuda (from the target's files)"]
