@@ -15,14 +15,14 @@ Where TE's own code names CUDA outright, the CUDA device is the CPU, the device 
 backend computes on:
 - `tensor.cuda()` called from the target's own files (releases up to 2.5 move an activation's
   input with `x.cuda()`; `utils._empty_tensor()` is `torch.Tensor().cuda()`) returns the tensor
-  as it is; called from anywhere else it fails as CPU torch makes it fail.
+  as it is, and `torch.empty/zeros/ones/full(..., device="cuda")` called from them allocate on
+  the CPU (the cuBLAS workspace up to 2.12; 2.6's FP8 recipe state, which its fused
+  linear+bias op builds even with FP8 off). Called from anywhere else, they are torch's own;
 
-and, after import (`answer_te_device_queries`), two of TE's helpers:
+and, after import (`answer_te_device_queries`), one of TE's helpers:
 - `canonicalize_device(None)`, "the default CUDA device", which releases up to 2.12 move an
   op's CPU tensors to (`if device.type != "cuda": device = canonicalize_device(None)`), is the
   CPU: the device the CPU backend computes on. Given a device, it is TE's own;
-- `module.base.get_workspace()`, the cuBLAS workspace (`device="cuda"`, up to 2.12) that the
-  GEMM stand-in never reads, is an empty CPU tensor.
 """
 
 from __future__ import annotations
@@ -85,19 +85,13 @@ def _cpu_by_default(canonicalize: Any) -> Any:
     return canonicalize_device
 
 
-@functools.cache
-def _cpu_workspace() -> torch.Tensor:
-    return torch.empty(0, dtype=torch.uint8)
-
-
 def answer_te_device_queries(modules: dict[str, types.ModuleType]) -> list[str]:
     """The helpers above, where TE defines them and in every loaded TE module that imported
     them by name; once, right after the target's import."""
     if torch.cuda.is_available():
         return []
     replacements: dict[str, tuple[Any, Any]] = {}
-    for module_name, name, make in (("utils", "canonicalize_device", _cpu_by_default),
-                                    ("module.base", "get_workspace", lambda _original: _cpu_workspace)):
+    for module_name, name, make in (("utils", "canonicalize_device", _cpu_by_default),):
         home = modules.get(f"transformer_engine.pytorch.{module_name}")
         original = getattr(home, name, None)
         if original is not None:
@@ -123,6 +117,24 @@ def _cuda_from_te(te_dir: str, original: Any) -> Any:
     return cuda
 
 
+FACTORIES = ("empty", "zeros", "ones", "full")
+
+
+def _is_cuda(device: Any) -> bool:
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda"
+
+
+def _factory_from_te(te_dir: str, original: Any) -> Any:
+    @functools.wraps(original)
+    def factory(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if _is_cuda(kwargs.get("device")) and sys._getframe(1).f_code.co_filename.startswith(te_dir):
+            kwargs["device"] = "cpu"
+        return original(*args, **kwargs)
+
+    factory.answered_by_cpu_backend = True  # type: ignore[attr-defined]
+    return factory
+
+
 def install(te_dir: Path) -> list[str]:
     """Answer the queries above in torch.cuda, and TE's own `tensor.cuda()` (once per process);
     returns what is answered. A CUDA build of torch with a device keeps its own answers."""
@@ -132,4 +144,7 @@ def install(te_dir: Path) -> list[str]:
         setattr(torch.cuda, name, answer)
     if not getattr(torch.Tensor.cuda, "answered_by_cpu_backend", False):
         torch.Tensor.cuda = _cuda_from_te(str(te_dir), torch.Tensor.cuda)  # type: ignore[method-assign]
-    return [f"torch.cuda.{name}" for name in ANSWERS] + ["torch.Tensor.cuda (from the target's files)"]
+        for name in FACTORIES:
+            setattr(torch, name, _factory_from_te(str(te_dir), getattr(torch, name)))
+    return ([f"torch.cuda.{name}" for name in ANSWERS]
+            + [f"torch.{name}(device='cuda') and torch.Tensor.cuda from the target's files" for name in FACTORIES])
