@@ -102,8 +102,8 @@ class TargetFinder(importlib.abc.MetaPathFinder):
                                                           submodule_search_locations=[str(init.parent)])
         return None
 
-    def find_distributions(self, context: Any = importlib.metadata.DistributionFinder.Context()) -> Iterator[Any]:
-        name = (context.name or "").replace("-", "_").lower()
+    def find_distributions(self, context: Any = None) -> Iterator[Any]:
+        name = (getattr(context, "name", None) or "").replace("-", "_").lower()
         if name != PACKAGE:
             return iter(())
         found = sorted(self.te_dir.parent.glob("transformer_engine-*.dist-info"))

@@ -41,8 +41,8 @@ class MissingKernel(FidelityError):
     def __init__(self, target: str, kernel: str, caller: str) -> None:
         self.caller = caller
         super().__init__(target, EXTENSION, kernel)
-        self.args = (f"target {target}: {caller} called the compiled kernel {EXTENSION}.{kernel}, "
-                     "which has no CPU stand-in",)
+        self.args = ((f"target {target}: {caller} called the compiled kernel {EXTENSION}.{kernel}, "
+                      "which has no CPU stand-in"),)
 
 
 def _calling_te_frame(te_dir: Path) -> str:
@@ -68,8 +68,8 @@ def _missing_kernel(target: str, name: str, te_dir: Path) -> Callable[..., Any]:
     return kernel
 
 
-_IMPORT_AS = re.compile(rf"^\s*import {EXTENSION}(?: as (\w+))?\s*$", re.M)
-_FROM_IMPORT = re.compile(rf"^\s*from {EXTENSION} import (\([^)]*\)|[^\n]*)", re.M)
+_IMPORT_AS = re.compile(rf"^\s*import {EXTENSION}(?: as (\w+))?\s*$", re.MULTILINE)
+_FROM_IMPORT = re.compile(rf"^\s*from {EXTENSION} import (\([^)]*\)|[^\n]*)", re.MULTILINE)
 
 
 def _file_uses(text: str, names: dict[str, set[str]]) -> None:
@@ -83,7 +83,7 @@ def _file_uses(text: str, names: dict[str, set[str]]) -> None:
                 names.setdefault(parts[0], set())
                 local[parts[-1]] = parts[0]
     for alias in [a for a, imported in local.items() if imported is None]:  # `Format = tex.NVTEFormat`
-        for bound, name in re.findall(rf"^\s*(\w+)\s*=\s*{re.escape(alias)}\.(\w+)\s*$", text, re.M):
+        for bound, name in re.findall(rf"^\s*(\w+)\s*=\s*{re.escape(alias)}\.(\w+)\s*$", text, re.MULTILINE):
             names.setdefault(name, set())
             local[bound] = name
     for name, imported in local.items():
