@@ -65,7 +65,9 @@ def run_upstream_tests(spec: str, tests: Path, keyword: str, extra: list[str], a
         junit = Path(tmp) / "junit.xml"
         command = [sys.executable, "-m", "pytest", str(tests), "-k", keyword, "-p", "no:cacheprovider", "-q",
                    f"--junitxml={junit}", "-o", "junit_family=xunit2", *extra]
-        status = subprocess.run(command, cwd=tests.parent, env=exec_environment(prepared, False, dict(os.environ)),
+        # From the temporary directory: plugins that write beside the working directory
+        # (pytest-benchmark's .benchmarks) write there, never into the checkout.
+        status = subprocess.run(command, cwd=tmp, env=exec_environment(prepared, False, dict(os.environ)),
                                 check=False).returncode
         return (_counts(junit) if junit.is_file() else {}), status
 
