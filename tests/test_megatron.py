@@ -272,6 +272,10 @@ def test_norm_comparison_catches_a_broken_kernel(loaded_target, monkeypatch: pyt
         monkeypatch.setattr(op_module, "rmsnorm_fwd", lambda x, w, eps, *rest: fwd(x, w, 0.5, *rest))
     elif broken == "backward_dgamma":
         monkeypatch.setattr(op_module, "rmsnorm_bwd", lambda *args: (bwd(*args)[0], bwd(*args)[1] * 1.1))
+        # With the residual, TE's fusion pass runs BackwardAddRMSNorm, which calls this kernel instead.
+        tex = sys.modules["transformer_engine_torch"]
+        bwd_add = tex.rmsnorm_bwd_add
+        monkeypatch.setattr(tex, "rmsnorm_bwd_add", lambda *args: (bwd_add(*args)[0], bwd_add(*args)[1] * 1.1))
     result = run_client_minimal(loaded_target, loaded(), "megatron_norm", "megatron_checkpoint")
     assert result["completed"], result["error"]
     assert result["matched"] is (broken is None), result["failures"]
