@@ -3,10 +3,9 @@
 `exec_environment` gives the child process an environment whose PYTHONPATH starts with
 exec_boot/, whose sitecustomize.py calls `activate` at interpreter start-up: the target is
 loaded through the same loader as a run (the CPU backend, or the native install), and on the
-CPU backend `te.ops` is filled from the loaded target, so `import transformer_engine.pytorch
-as te; te.ops.Sequential(...)` works as it does with an installed TE. TE's own classes are
-used where the target ships them (RMSNorm and LayerNorm from 2.13 on, on kernel stand-ins); the
-CPU backend's ops (BasicLinear, ...) otherwise.
+CPU backend the whole package is TE's own as shipped, so `import transformer_engine.pytorch
+as te; te.ops.Sequential(...)` works as it does with an installed TE (only the compiled
+extension's kernels are stood in).
 """
 
 from __future__ import annotations
