@@ -20,6 +20,7 @@ BOOT_DIR = Path(__file__).resolve().parent / "exec_boot"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TARGET_ENV = "REPRO_EXEC_TARGET"
 MEGATRON_ENV = "REPRO_EXEC_MEGATRON"
+LOADING_ENV = "REPRO_EXEC_LOADING"
 
 
 def exec_environment(prepared: PreparedTarget, megatron: bool, base: dict[str, str]) -> dict[str, str]:
@@ -36,8 +37,11 @@ def exec_environment(prepared: PreparedTarget, megatron: bool, base: dict[str, s
 def activate() -> None:
     """Load the target named in the environment (no-op without one); exit 2 with one line if it cannot load."""
     text = os.environ.get(TARGET_ENV)
-    if not text:
+    if not text or os.environ.get(LOADING_ENV):
         return
+    # A release that runs Python while it loads (2.1-2.3 ask `python -m pip show`) must not
+    # load the target again in that child; children of the user's command (pytest's workers) do.
+    os.environ[LOADING_ENV] = "1"
     from harness.errors import TargetLoadError
     from harness.targets.loader import load
 
@@ -53,6 +57,8 @@ def activate() -> None:
     except TargetLoadError as exc:
         print(f"repro exec: {exc}", file=sys.stderr)
         sys.exit(2)
+    finally:
+        os.environ.pop(LOADING_ENV, None)
     if prepared.backend != "native":
         expose_ops(loaded.ops)
 
