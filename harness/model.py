@@ -92,6 +92,7 @@ class CaseResult(BaseModel):
     error: ErrorInfo | None = None
     side_effects: list[str] = []  # changes to the caller's tensors, also when a crash followed
     known_deviations: list[str] = []
+    fused_ops: list[str] = []  # the fused ops TE's fuser ran instead of basic ops ("backward:BackwardAddRMSNorm")
     expected: str  # "affected" or "unaffected"
     predicted: str | None = None  # the symptom the matching rule predicts
     rule: str | None = None

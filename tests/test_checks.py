@@ -29,7 +29,7 @@ def test_sound_op_passes(loaded_target) -> None:
 
 def test_wrong_values_are_caught(loaded_target) -> None:
     class WrongValues(loaded_target.ops["RMSNorm"]):
-        def op_forward(self, ctx, input_, **kwargs):  # TE's own op (or the backend's, before 2.13)
+        def op_forward(self, ctx, input_, **kwargs):  # TE's own op
             return super().op_forward(ctx, input_, **kwargs) + 0.5
 
     record = run_case(_case(), _with_rmsnorm(loaded_target, WrongValues))
@@ -42,9 +42,10 @@ def test_dropped_gradient_is_caught(loaded_target) -> None:
             grad_input, _ = super().op_backward(ctx, grad_output)
             return grad_input, [None]
 
-    record = run_case(_case(), _with_rmsnorm(loaded_target, DropsGrad))
+    # A lone RMSNorm: behind MakeExtraOutput TE's fusion pass runs BackwardAddRMSNorm instead of op_backward.
+    record = run_case(_case(pipeline="rmsnorm"), _with_rmsnorm(loaded_target, DropsGrad))
     assert record["outcome"] == "wrong_grad"
-    assert any("grad of 1.weight" in d for d in record["details"]["gradients"])
+    assert any("grad of 0.weight" in d for d in record["details"]["gradients"]), record["details"]
 
 
 def test_flipped_caller_requires_grad_is_caught(loaded_target) -> None:

@@ -457,14 +457,20 @@ def test_fork_load_errors_name_file_line_module_and_symbol(fork: Path, tmp_path:
     out = cli("targets", f"path:{fork}").stdout
     assert f"transformer_engine/pytorch/ops/op.py:{line} imports module torch_npu" in out, out
 
-    # The fork's own symbol in a stood-in module, and its own real submodule of tensor/.
+    # A symbol the fork's own module lacks is named; the fork's own real submodule of tensor/ loads.
     (fork / "transformer_engine/pytorch/tensor/npu_tensor.py").write_text("NPU_TENSOR = 1\n")
     op.write_text(original.replace("\nimport torch\n", "\nimport torch\nfrom ..quantization import npu_on\n"
                                    "from ..tensor.npu_tensor import NPU_TENSOR\n", 1))
     out = cli("targets", f"path:{fork}").stdout
     assert "op.py:" in out and "transformer_engine.pytorch.quantization.npu_on" in out, out
+    # A module the fork ships is never stood in; one that neither the fork nor the environment has may be.
     config = tmp_path / "fork.toml"
     config.write_text('[standins."transformer_engine.pytorch.quantization"]\nnpu_on = "false"\n')
+    out = cli("targets", f"path:{fork}", "--fork-config", str(config)).stdout
+    assert "has the real module" in out, out
+    op.write_text(original.replace("\nimport torch\n", "\nimport torch\nfrom npu_platform_for_test import npu_on\n"
+                                   "from ..tensor.npu_tensor import NPU_TENSOR\n", 1))
+    config.write_text('[standins."npu_platform_for_test"]\nnpu_on = "false"\n')
     out = cli("targets", f"path:{fork}", "--fork-config", str(config)).stdout
     assert "loaded" in out, out
 
@@ -480,6 +486,9 @@ def test_fork_config_renamed_op(fork: Path, tmp_path: Path) -> None:
     text = (basic / "make_extra_output.py").read_text()
     (basic / "make_extra_output.py").unlink()
     (basic / "npu_extra_output.py").write_text(text.replace("class MakeExtraOutput(", "class NpuExtraOutput("))
+    init = basic / "__init__.py"  # the fork's package still exports the name TE's fused ops import
+    init.write_text(init.read_text().replace("from .make_extra_output import MakeExtraOutput",
+                                             "from .npu_extra_output import NpuExtraOutput as MakeExtraOutput"))
     out = cli("targets", f"path:{fork}").stdout
     assert "MakeExtraOutput" not in out.split("TE's own:")[1].split(";")[0], out
     config = tmp_path / "fork.toml"

@@ -1,8 +1,9 @@
-"""The kernel stand-ins (cpu_backend/kernels.py) against plain torch's own norms.
+"""The kernel stand-ins (cpu_backend/kernels.py) against plain torch.
 
-The reference is `torch.nn.functional.rms_norm`/`layer_norm` in float32, differentiated
-by autograd; the kernels' outputs, statistics and gradients must match it in float32 and
-bfloat16, with and without zero-centred gamma. `test_comparison_catches_broken_kernel`
+The references are `torch.nn.functional.rms_norm`/`layer_norm`, matmuls and torch's own
+activations in float32, differentiated by autograd; the kernels' outputs, statistics and
+gradients must match them in float32 and bfloat16 (the norms with and without zero-centred
+gamma; the GEMM in the three layouts BasicLinear uses, with its bias epilogues). `test_comparison_catches_broken_kernel`
 runs the same comparison on deliberately broken kernels and requires it to fail, so a
 comparison that cannot fail would be caught here.
 """
@@ -144,3 +145,124 @@ def test_output_buffer_is_written() -> None:
     y, _, _ = kernels.rmsnorm_fwd(t["x"], t["weight"], EPS, buffer, None, kernels.DType.kFloat32, 0, False)
     assert y is buffer
     torch.testing.assert_close(buffer, _reference("rmsnorm", t, False)["y"])
+
+
+# --- GEMM (`generic_gemm`, as `cpp_extensions.general_gemm` calls it) and the activations ---
+
+def _gemm(kernel: Callable[..., Any], a: torch.Tensor, b: torch.Tensor, layout: str, *, bias: torch.Tensor | None = None,
+          grad: bool = False, out: torch.Tensor | None = None, accumulate: bool = False) -> tuple[Any, ...]:
+    """The positional arguments general_gemm passes (2.1 to 2.20), alpha/beta as keywords."""
+    return kernel(a, layout[0] == "T", b, layout[1] == "T", out, None, None, bias, kernels.DType.kFloat32, False,
+                  None, grad, torch.empty(0, dtype=torch.uint8), 0, accumulate, False, comm_overlap=None,
+                  comm_type=None, extra_output=None, bulk_overlap=False, alpha=1.0, beta=None)
+
+
+def _compare_gemm(kernel: Callable[..., Any], dtype: torch.dtype) -> None:
+    """What BasicLinear asks for: forward "TN", data gradient "NN", weight gradient "NT"
+    (accumulated into a given buffer), and the bias epilogues of the fused linear ops."""
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 3, 8, generator=g).to(dtype)  # a leading batch dimension, flattened by the kernel
+    w = torch.randn(5, 8, generator=g).to(dtype)
+    dy = torch.randn(2, 3, 5, generator=g).to(dtype)
+    bias = torch.randn(5, generator=g).to(dtype)
+    tol = TOLERANCES[dtype]
+    xr, wr = x.float().requires_grad_(), w.float().requires_grad_()
+    y_ref = xr @ wr.t() + bias.float()
+    y_ref.backward(dy.float())
+    y, *_ = _gemm(kernel, w, x, "TN", bias=bias)
+    torch.testing.assert_close(y, y_ref.detach().to(dtype), **tol)
+    dx, *_ = _gemm(kernel, w, dy, "NN")
+    torch.testing.assert_close(dx, xr.grad.to(dtype), **tol)
+    start = torch.randn(5, 8, generator=g).to(dtype)
+    dw_buffer = start.clone()
+    dw, db, *_ = _gemm(kernel, x.reshape(-1, 8), dy.reshape(-1, 5), "NT", bias=bias, grad=True, out=dw_buffer,
+                       accumulate=True)
+    assert dw is dw_buffer
+    torch.testing.assert_close(dw, (start.float() + wr.grad).to(dtype), **tol)
+    torch.testing.assert_close(db, dy.float().sum((0, 1)).to(dtype), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+def test_gemm_matches_plain_torch(dtype: torch.dtype) -> None:
+    _compare_gemm(kernels.generic_gemm, dtype)
+
+
+def _gemm_mixes_rows(*args: Any, **kwargs: Any) -> Any:
+    """Flattens B's leading dimensions in the wrong order: the same shape, wrong rows."""
+    args = list(args)
+    if args[2].dim() == 3:
+        args[2] = args[2].transpose(0, 1).reshape(args[2].shape)
+    return kernels.generic_gemm(*args, **kwargs)
+
+
+def _gemm_ignores_accumulate(*args: Any, **kwargs: Any) -> Any:
+    args = list(args)
+    args[14] = False
+    return kernels.generic_gemm(*args, **kwargs)
+
+
+def _gemm_drops_bias(*args: Any, **kwargs: Any) -> Any:
+    args = list(args)
+    if not args[11]:
+        args[7] = None
+    return kernels.generic_gemm(*args, **kwargs)
+
+
+@pytest.mark.parametrize("broken", [_gemm_mixes_rows, _gemm_ignores_accumulate, _gemm_drops_bias],
+                         ids=["mixes_rows", "ignores_accumulate", "drops_bias"])
+def test_gemm_comparison_catches_broken_kernel(broken: Callable[..., Any]) -> None:
+    with pytest.raises(AssertionError):
+        _compare_gemm(broken, torch.float32)
+
+
+# TE's activations and the torch functions they compute (GELU in the tanh approximation).
+ACTIVATION_REFERENCES: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "gelu": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+    "silu": F.silu,
+    "qgelu": lambda x: x * torch.sigmoid(1.702 * x),
+    "srelu": lambda x: F.relu(x) ** 2,
+    "glu": lambda x: torch.sigmoid(x.chunk(2, -1)[0]) * x.chunk(2, -1)[1],
+    "geglu": lambda x: F.gelu(x.chunk(2, -1)[0], approximate="tanh") * x.chunk(2, -1)[1],
+    "reglu": lambda x: F.relu(x.chunk(2, -1)[0]) * x.chunk(2, -1)[1],
+    "swiglu": lambda x: F.silu(x.chunk(2, -1)[0]) * x.chunk(2, -1)[1],
+    "qgeglu": lambda x: x.chunk(2, -1)[0] * torch.sigmoid(1.702 * x.chunk(2, -1)[0]) * x.chunk(2, -1)[1],
+    "sreglu": lambda x: F.relu(x.chunk(2, -1)[0]) ** 2 * x.chunk(2, -1)[1],
+}
+
+
+def _compare_activation(name: str, dtype: torch.dtype, fwd: Callable[..., Any], bwd: Callable[..., Any]) -> None:
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(4, 16, generator=g).to(dtype)
+    dy = torch.randn(4, 16 if name in ("gelu", "relu", "silu", "qgelu", "srelu") else 8, generator=g).to(dtype)
+    xr = x.float().requires_grad_()
+    y_ref = ACTIVATION_REFERENCES[name](xr)
+    y_ref.backward(dy.float())
+    torch.testing.assert_close(fwd(x, None), y_ref.detach().to(dtype), **TOLERANCES[dtype])
+    torch.testing.assert_close(bwd(dy, x, None), xr.grad.to(dtype), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["float32", "bfloat16"])
+@pytest.mark.parametrize("name", list(ACTIVATION_REFERENCES))
+def test_activation_matches_autograd(name: str, dtype: torch.dtype) -> None:
+    assert set(ACTIVATION_REFERENCES) | {f"d{n}" for n in ACTIVATION_REFERENCES} == set(kernels.ACTIVATION_KERNELS)
+    _compare_activation(name, dtype, kernels.ACTIVATION_KERNELS[name], kernels.ACTIVATION_KERNELS[f"d{name}"])
+
+
+@pytest.mark.parametrize("name", ["gelu", "swiglu", "srelu"])
+def test_activation_comparison_catches_broken_kernel(name: str) -> None:
+    fwd, bwd = kernels.ACTIVATION_KERNELS[name], kernels.ACTIVATION_KERNELS[f"d{name}"]
+    with pytest.raises(AssertionError):  # a backward that forgets the chain rule's dy
+        _compare_activation(name, torch.float32, fwd, lambda dy, x, q: bwd(torch.ones_like(dy), x, q))
+    with pytest.raises(AssertionError):  # GELU's exact form where TE uses the tanh approximation, etc.
+        _compare_activation(name, torch.float32, lambda x, q: fwd(x * 1.01, q), bwd)
+
+
+def test_rmsnorm_bwd_add_adds_the_extra_gradient() -> None:
+    t = _tensors(torch.float32, False)
+    _, _, rsigma = kernels.rmsnorm_fwd(t["x"], t["weight"], EPS, None, None, kernels.DType.kFloat32, 0, False)
+    add = torch.randn_like(t["x"])
+    dx, dw = kernels.rmsnorm_bwd_add(t["dy"], t["x"], add, rsigma, t["weight"], 0, False)
+    ref = _reference("rmsnorm", t, False)
+    torch.testing.assert_close(dx, ref["dx"] + add)
+    torch.testing.assert_close(dw, ref["dw"])

@@ -99,13 +99,12 @@ def test_fixed_targets_complete_and_match_the_block_without_recompute(run_target
 @pytest.mark.parametrize("spec", ["te-2.13.0", "te-2.13.0+backport", "te-2.16.0"])
 def test_target_and_megatron_descriptions_say_what_is_real(run_target, spec: str) -> None:
     report = run_target(spec)
+    assert "TE as shipped; stood in: the compiled extension (" in report["target_description"]
     assert "TE's own: MakeExtraOutput" in report["target_description"]
-    assert "RMSNorm" in report["target_description"].split("; CPU backend:")[0]
-    assert "kernels stood in: transformer_engine_torch.rmsnorm_fwd" in report["target_description"]
+    assert "RMSNorm" in report["target_description"].split("TE's own:")[1]
     megatron = report["megatron_description"]
     assert "TEFusedResidualRMSNorm defined" in megatron
-    assert "triton (megatron/core/" in megatron  # Megatron's own guarded probe found it absent
-    assert "transformer_engine.pytorch.attention (megatron/core/extensions/transformer_engine.py:" in megatron
+    assert "TE as shipped under Megatron:" in megatron
 
 
 def test_checks_fail_on_the_wrong_target(run_target) -> None:
@@ -246,18 +245,19 @@ def test_minimal_client_prints_frames_down_to_fuser() -> None:
     assert "matches the report (frames, order, error): yes" in out
 
 
-def test_in_process_probe_misses_read_as_absent(loaded_target) -> None:
-    """The shared test process loaded Megatron through the `megatron` wrapper: a probe of a
-    missing stand-in name says False and is listed; a use of it raises one clear error."""
-    from harness.errors import FidelityError
+def test_megatrons_te_names_are_tes_own(loaded_target) -> None:
+    """The shared test process loaded Megatron on the whole TE package: the classes and state
+    Megatron imports from TE at module level are TE's own, from the target's files."""
     from harness.megatron.loader import loaded
 
-    distributed = sys.modules["transformer_engine.pytorch.distributed"]
-    assert hasattr(distributed, "CudaRNGStatesTracker")
-    assert not hasattr(distributed, "no_such_name_for_the_test")
-    assert "transformer_engine.pytorch.distributed.no_such_name_for_the_test" in loaded().probes.misses
-    with pytest.raises(FidelityError, match="no_such_name_for_the_test"):
-        distributed.no_such_name_for_the_test  # noqa: B018
+    extension = loaded().module("extensions.transformer_engine")
+    te_dir = str(loaded_target.te_dir)
+    for name in ("Linear", "LayerNormLinear", "RMSNorm", "DotProductAttention"):
+        cls = getattr(extension.te.pytorch, name)
+        assert sys.modules[cls.__module__].__file__.startswith(te_dir), (name, cls.__module__)
+    tracker = sys.modules["transformer_engine.pytorch.distributed"].CudaRNGStatesTracker
+    assert sys.modules[tracker.__module__].__file__.startswith(te_dir)
+    assert issubclass(extension.TEFusedResidualRMSNorm, extension.te.pytorch.RMSNorm)
 
 
 @pytest.mark.parametrize("broken", [None, "forward_eps", "backward_dgamma"])
@@ -272,6 +272,10 @@ def test_norm_comparison_catches_a_broken_kernel(loaded_target, monkeypatch: pyt
         monkeypatch.setattr(op_module, "rmsnorm_fwd", lambda x, w, eps, *rest: fwd(x, w, 0.5, *rest))
     elif broken == "backward_dgamma":
         monkeypatch.setattr(op_module, "rmsnorm_bwd", lambda *args: (bwd(*args)[0], bwd(*args)[1] * 1.1))
+        # With the residual, TE's fusion pass runs BackwardAddRMSNorm, which calls this kernel instead.
+        tex = sys.modules["transformer_engine_torch"]
+        bwd_add = tex.rmsnorm_bwd_add
+        monkeypatch.setattr(tex, "rmsnorm_bwd_add", lambda *args: (bwd_add(*args)[0], bwd_add(*args)[1] * 1.1))
     result = run_client_minimal(loaded_target, loaded(), "megatron_norm", "megatron_checkpoint")
     assert result["completed"], result["error"]
     assert result["matched"] is (broken is None), result["failures"]
@@ -281,9 +285,9 @@ def test_norm_comparison_catches_a_broken_kernel(loaded_target, monkeypatch: pyt
         assert [f.split(":")[0] for f in result["failures"]] == ["grad of weight"]
 
 
-def test_release_whose_rmsnorm_module_cannot_run_says_why() -> None:
-    """Before 2.13 TE's own te.pytorch.RMSNorm does not load on the CPU backend: Megatron still
-    imports (for the `megatron` wrapper), and the clients refuse with the loader's reason."""
-    result = repro("minimal", "--target", "te-2.5.0", "--client", "megatron_norm", check_rc=1)
-    assert "TE's own te.pytorch.RMSNorm does not run on the CPU backend (transformer_engine/pytorch/ops/basic/rmsnorm.py:" in result.stdout
+def test_release_before_213_runs_megatrons_norm_on_tes_own_module() -> None:
+    """te-2.5.0's te.pytorch.RMSNorm is TE's own now (the whole package as shipped): Megatron's
+    TEFusedResidualRMSNorm builds on it and matches plain torch."""
+    result = repro("minimal", "--target", "te-2.5.0", "--client", "megatron_norm")
+    assert "completed: forward and backward" in result.stdout and "matched the reference" in result.stdout
     assert "Traceback" not in result.stdout + result.stderr

@@ -1,25 +1,31 @@
-"""Every release from 2.13.0 to 2.20.2 loads on the CPU backend, the minimal scenario
-fails in fuser.py before the fix (2.16.0) and completes from it on, and a target
-that asks for a name the backend lacks fails with the target, module and symbol."""
+"""Every release from 2.1.0 to 2.20.2 loads as shipped on the CPU backend (only the compiled
+extension stood in, every TE module from the release's own files); from 2.13.0 the minimal
+scenario fails in fuser.py before the fix (2.16.0) and completes from it on; a target that asks
+for a name it lacks fails with the target, module and symbol; and a compiled kernel without a
+stand-in fails when called, naming the kernel and the TE frame, never at import."""
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
-import types
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from harness import targets
-from harness.targets import sources
-from harness.targets.cpu_backend.standins import standin_modules
+from harness.targets import site, sources
 from harness.targets.probing import probe
 
-# Every transformer-engine release on the package index in [2.13.0, 2.20.2].
-RELEASES = (
-    "2.13.0", "2.14.0", "2.14.1", "2.15.0", "2.16.0", "2.16.1",
+# Every transformer-engine release on the package index in [2.1.0, 2.20.2].
+ALL_RELEASES = (
+    "2.1.0", "2.2.0", "2.3.0", "2.4.0", "2.5.0", "2.6.0", "2.6.0.post1", "2.7.0", "2.8.0", "2.9.0",
+    "2.10.0", "2.11.0", "2.12.0", "2.13.0", "2.14.0", "2.14.1", "2.15.0", "2.16.0", "2.16.1",
     "2.17.0", "2.17.1", "2.18.0", "2.19.0", "2.20.2",
 )
+RELEASES = ALL_RELEASES[ALL_RELEASES.index("2.13.0"):]
 FIXED_IN = (2, 16, 0)  # NVIDIA/TransformerEngine PR #2919
 
 
@@ -55,18 +61,49 @@ def test_fidelity_error_names_target_module_and_symbol(cache: Path, tmp_path: Pa
     assert "NoSuchSymbolForTest" in error
 
 
-def test_standins_only_for_modules_the_release_ships(cache: Path) -> None:
-    # No TE code runs here: standin_modules only looks at which files a tree has.
-    recipe = types.ModuleType("recipe")
-    old_dir = Path(targets.prepare("te-2.5.0", cache).root or "") / "transformer_engine"
-    new_dir = Path(targets.prepare("te-2.13.0", cache).root or "") / "transformer_engine"
-    old = standin_modules("te-2.5.0", recipe, old_dir)
-    new = standin_modules("te-2.13.0", recipe, new_dir)
-    # 2.5.0: fp8.py imports the extension and quantization.py does not exist yet.
-    assert "transformer_engine.pytorch.fp8" in old
-    assert "transformer_engine.pytorch.quantization" not in old
-    assert "transformer_engine.pytorch.quantized_tensor" not in old
-    # 2.13.0: fp8.py is a pure-Python shim over quantization, so it loads real.
-    assert "transformer_engine.pytorch.fp8" not in new
-    assert "transformer_engine.pytorch.quantization" in new
-    assert "transformer_engine.pytorch.tensor.quantized_tensor" not in new
+# Run under `repro exec`'s start-up: every TE module in sys.modules, and the file it came from.
+MODULE_FILES = """
+import json, sys
+import transformer_engine.pytorch as te
+files = {n: getattr(m, "__file__", None) for n, m in sys.modules.items() if n.split(".")[0] == "transformer_engine"}
+print(json.dumps({"files": files, "ops": {n: getattr(te.ops, n).__module__ for n in dir(te.ops) if n[0].isupper()}}))
+"""
+
+
+def _exec(prepared: targets.PreparedTarget, code: str) -> subprocess.CompletedProcess[str]:
+    env = site.exec_environment(prepared, False, dict(os.environ))
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("version", ALL_RELEASES)
+def test_release_loads_whole_package_from_its_files(version: str, cache: Path) -> None:
+    prepared = targets.prepare(f"te-{version}", cache)
+    result = _exec(prepared, MODULE_FILES)
+    assert result.returncode == 0, result.stderr[-2000:]
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    te_dir = str(Path(prepared.root or "") / "transformer_engine")
+    not_from_tree = {n: f for n, f in found["files"].items() if not (f or "").startswith(te_dir)}
+    assert not not_from_tree, not_from_tree
+    assert len(found["files"]) > 60  # the package __init__s and everything they import
+    foreign = {n: m for n, m in found["ops"].items() if not m.startswith("transformer_engine.")}
+    assert not foreign, foreign  # every class in te.ops is TE's own
+
+
+def test_missing_kernel_fails_when_called_naming_kernel_and_frame(cache: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "calls_unknown_kernel"
+    source = Path(targets.prepare("te-2.13.0", cache).root or "") / "transformer_engine"
+    shutil.copytree(source, broken / "transformer_engine", ignore=shutil.ignore_patterns("__pycache__"))
+    fuser = broken / sources.FUSER_RELPATH
+    fuser.write_text(fuser.read_text() + "\n\ndef _for_the_test():\n"
+                     "    import transformer_engine_torch as tex\n    return tex.no_such_kernel_for_the_test(1)\n")
+    line = len(fuser.read_text().splitlines())
+    prepared = targets.prepare(f"path:{broken}", cache)
+    result = _exec(prepared, "import transformer_engine.pytorch.ops.fuser as f\nprint('imported')\n"
+                             "f._for_the_test()\n")
+    assert "imported" in result.stdout, result.stderr[-2000:]  # never at import
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert "MissingKernel" in last and "transformer_engine_torch.no_such_kernel_for_the_test" in last, last
+    assert f"transformer_engine/pytorch/ops/fuser.py:{line} in _for_the_test" in last, last

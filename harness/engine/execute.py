@@ -214,6 +214,19 @@ def build_subject(case: Case, target: LoadedTarget, seed: int) -> Subject:
     return megatron_subject(case, target, seed)
 
 
+def fused_ops_that_ran(module: Any) -> list[str]:
+    """The fused ops TE's fuser put in place of basic ops, as `direction:Class` (what TE's own
+    tests assert through `_module_groups[0]._forward_ops`); empty when nothing was fused."""
+    found = []
+    for group in getattr(module, "_module_groups", None) or []:
+        for direction in ("forward", "backward"):
+            for entry in getattr(group, f"_{direction}_ops", None) or []:
+                op = entry[0] if isinstance(entry, tuple) else entry
+                if getattr(op, "is_fused_op", False):
+                    found.append(f"{direction}:{type(op).__name__}")
+    return found
+
+
 def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
     """Observe one case: the fields of its result record, without prediction or verdict."""
     started = time.perf_counter()
@@ -258,6 +271,7 @@ def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
     if f := checks.check_caller_tensors(test.before, test.after, ref.before, ref.after, flags_only=error is not None):
         failed["caller_tensors"] = f
     record = checked(case, failed, error, started)
+    record["fused_ops"] = fused_ops_that_ran(subject.test)
     record.update(error_fields)
     return record
 

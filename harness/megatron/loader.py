@@ -2,8 +2,9 @@
 
 Order matters: Megatron decides at import time whether TE is there and whether
 `TEFusedResidualRMSNorm` exists (`is_te_min_version("1.13.0")`), so the TE target is
-loaded first, then TE as Megatron sees it (`te_surface`), then Megatron's own modules from
-the prepared source, then the CPU redirects (`cpu_redirects`). One Megatron per process.
+loaded first (the whole package as shipped, `te_surface` checks what Megatron reads at import),
+then Megatron's own modules from the prepared source, then the CPU redirects (`cpu_redirects`).
+One Megatron per process.
 
 Nothing is written into the source: bytecode writing is off for the whole process
 (`sys.dont_write_bytecode`) before the first Megatron module is imported.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import os
 import sys
 import time
@@ -25,7 +27,7 @@ from typing import Any
 from harness.errors import FidelityError, TargetLoadError
 from harness.megatron import cpu_redirects, te_surface
 from harness.megatron.source import DEFAULT_VERSION, PreparedMegatron, prepare_megatron
-from harness.targets.cpu_backend.standins import StrictModule
+from harness.targets.cpu_backend.strict import StrictModule
 from harness.targets.loader import LoadedTarget, _install, _shell
 
 MEGATRON_ENV = "TE_REPRO_MEGATRON"  # a PreparedMegatron as JSON, handed to worker processes
@@ -42,7 +44,7 @@ MODULES = (
     "megatron.core.models.gpt.gpt_layer_specs",
 )
 # Megatron's Triton kernels, imported unguarded by `import megatron.core` (0.19: MoE paged
-# stash). Triton stays absent; only this kernel module is stood in, and refuses to run.
+# stash). Stood in only where triton is not installed, and then refuses to run.
 TRITON_KERNEL_MODULES = ("megatron.core.transformer.moe.ops.paged_stash",)
 
 
@@ -54,7 +56,6 @@ class LoadedMegatron:
     import_s: float
     redirects: list[str]
     stood_in: list[str]
-    probes: te_surface.ProbeLog | None = None
     notes: list[str] = field(default_factory=list)
 
     def module(self, short: str) -> Any:
@@ -71,8 +72,6 @@ class LoadedMegatron:
                  "TEFusedResidualRMSNorm " + ("defined" if self.has_fused_residual_rmsnorm else "NOT defined"),
                  f"Megatron modules stood in: {', '.join(self.stood_in) or 'none'}",
                  f"CPU redirects: {'; '.join(self.redirects) or 'none'}"]
-        if self.probes is not None:
-            parts.append(self.probes.description)
         return " | ".join(parts + self.notes)
 
 
@@ -120,11 +119,11 @@ def load_megatron(prepared: PreparedMegatron, target: LoadedTarget, device: str 
     sys.dont_write_bytecode = True  # never write into the source under test
     started = time.perf_counter()
     root = Path(prepared.root)
-    surface = te_surface.install(target, root) if target.prepared.backend == "cpu" else None
+    te_modules = te_surface.install(target) if target.prepared.backend == "cpu" else []
     # Only this source's megatron/, never an installed megatron-core's.
     _install("megatron", _shell("megatron", root / "megatron"))
     stood_in = []
-    for name in TRITON_KERNEL_MODULES:
+    for name in TRITON_KERNEL_MODULES if importlib.util.find_spec("triton") is None else ():
         if (standin := _kernel_standin(name, root, target.prepared.spec)) is not None:
             sys.modules[name] = standin
             stood_in.append(f"{name} (Triton kernels)")
@@ -139,8 +138,9 @@ def load_megatron(prepared: PreparedMegatron, target: LoadedTarget, device: str 
                                       f"{type(exc).__name__}: {exc}") from None
     redirects = cpu_redirects.apply(device)
     _LOADED = LoadedMegatron(prepared, target.prepared.spec, modules, round(time.perf_counter() - started, 3),
-                             redirects, stood_in, surface.log if surface else None,
-                             [f"TE names stood in for Megatron: {', '.join(surface.provided)}"] if surface else [])
+                             redirects, stood_in,
+                             [f"TE as shipped under Megatron: {len(te_modules)} transformer_engine.pytorch modules"]
+                             if te_modules else [])
     return _LOADED
 
 

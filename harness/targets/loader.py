@@ -1,17 +1,18 @@
 """Import a prepared target into the current process.
 
-On the CPU backend the package `__init__`s (which load the compiled library) are
-bypassed: empty package shells point at the target's own directories, so every real
-module (fuser.py, op.py, sequential.py, the pass-through ops, common/recipe) is
-imported from the target's files exactly as shipped. The stand-ins from
-`cpu_backend.standins` fill the few modules that need the extension.
+On the CPU backend the whole `transformer_engine` package is imported from the target's
+files as shipped, package `__init__`s included (`cpu_backend/boundary.py` says exactly what
+happens at the boundary to the shared library). Stood in is only the compiled extension,
+`transformer_engine_torch` (`cpu_backend/extension.py`, its kernels `cpu_backend/kernels.py`),
+and the device TE asks about (`cpu_backend/device.py`, a device without FP8).
+So `te.ops` (the fuser, every basic and fused op, the fusion passes) and `te.pytorch`'s
+modules are TE's own.
 
 One process holds one target: two TE versions cannot share an interpreter.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -24,24 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
-from harness.targets.cpu_backend import kernels
-from harness.targets.cpu_backend.ops import make_cpu_ops
-from harness.targets.cpu_backend.standins import StrictModule, decode_cudnn_version, standin_modules
+from harness.targets.cpu_backend import boundary, device, extension
+from harness.targets.cpu_backend.strict import StrictModule
 
-PACKAGE_SHELLS = (
-    "transformer_engine",
-    "transformer_engine.common",
-    "transformer_engine.pytorch",
-    "transformer_engine.pytorch.ops",
-    "transformer_engine.pytorch.ops.basic",
-    "transformer_engine.pytorch.module",
-    "transformer_engine.debug",
-    "transformer_engine.debug.pytorch",
-)
 # TE's own pass-through ops, by class name and the module that holds each, newest name first.
 TE_OPS = {
     "MakeExtraOutput": ("make_extra_output",),
@@ -51,12 +39,9 @@ TE_OPS = {
     "ConstantScale": ("constant_scale",),
 }
 OLD_NAMES = {"AddExtraInput": "AddInPlace"}
-# TE's own norm ops, which run as shipped on the kernel stand-ins (cpu_backend/kernels.py):
-# op name -> (ops/basic module, module/ file holding the te.pytorch module of that name, kernels it calls).
-TE_NORM_OPS = {
-    "RMSNorm": ("rmsnorm", "rmsnorm", ("rmsnorm_fwd", "rmsnorm_bwd")),
-    "LayerNorm": ("layer_norm", "layernorm", ("layernorm_fwd", "layernorm_bwd")),
-}
+# TE's compute ops the cases build, from te.ops, and the te.pytorch modules Megatron subclasses.
+COMPUTE_OPS = ("RMSNorm", "LayerNorm", "BasicLinear", "Bias", "GELU", "ReLU", "SwiGLU")
+TE_MODULES = ("RMSNorm", "LayerNorm")
 
 
 @dataclass
@@ -64,27 +49,23 @@ class LoadedTarget:
     prepared: PreparedTarget
     ops: dict[str, Any]  # op name -> class; plus "Sequential" and "BasicOperation"
     te_ops: list[str]
-    backend_ops: list[str]
+    backend_ops: list[str]  # ops of the harness's own (none since the whole package loads)
     missing_ops: dict[str, str] = field(default_factory=dict)  # op name -> why it is absent
     te_dir: Path | None = None
     features: frozenset[str] = frozenset()  # op features of this release (see `op_features`)
     te_modules: dict[str, Any] = field(default_factory=dict)  # te.pytorch module classes (RMSNorm, LayerNorm)
-    kernel_standins: list[str] = field(default_factory=list)  # extension functions the CPU backend replaces
+    kernel_standins: list[str] = field(default_factory=list)  # extension functions with CPU stand-ins
     own_op_fallbacks: dict[str, str] = field(default_factory=dict)  # op name -> why TE's own op could not run
+    extension_names: int = 0  # names the target reads from the extension
 
     @property
     def description(self) -> str:
         te = ", ".join(self.te_ops)
         if self.prepared.backend == "native":
             return f"native TE: every op is TE's own ({te})"
-        text = f"TE's own: {te}; CPU backend: {', '.join(self.backend_ops)}"
-        if self.te_modules:
-            text += f"; te.pytorch modules: {', '.join(self.te_modules)}"
-        if self.kernel_standins:
-            text += f"; kernels stood in: {', '.join(self.kernel_standins)} (and utils._empty_tensor on the CPU)"
-        for name, why in self.own_op_fallbacks.items():
-            text += f"; {name} is the CPU backend's ({why})"
-        return text
+        return (f"TE as shipped; stood in: the compiled extension ({len(self.kernel_standins)} kernels with CPU "
+                f"stand-ins, of {self.extension_names} names the target reads from it); TE's own: {te}; "
+                "device: no FP8 (compute capability 8.0)")
 
 
 def _shell(name: str, directory: Path) -> types.ModuleType:
@@ -152,21 +133,23 @@ def _forget_target() -> None:
     """Drop a half-loaded target, so the next attempt reports its own error again."""
     for name in [n for n in sys.modules if n == "transformer_engine" or n.startswith("transformer_engine.")]:
         del sys.modules[name]
+    sys.modules.pop(extension.EXTENSION, None)
+    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, boundary.TargetFinder)]
 
 
-def _fork_standins(prepared: PreparedTarget, standins: dict[str, types.ModuleType], te_dir: Path) -> None:
-    """Add a fork config's extra stand-in symbols. Real modules win: a module the target
-    ships as real source (or the environment provides) is never stood in."""
+def _fork_standins(prepared: PreparedTarget, te_dir: Path) -> None:
+    """A fork config's `[standins]`: modules neither the target nor the environment has,
+    answering only the named symbols. Real modules win: every module the target ships is
+    imported as shipped, never stood in."""
     for module_name, symbols in prepared.extra_standins.items():
-        if module_name not in standins:
-            shipped = module_name.startswith("transformer_engine.") and _ships(te_dir, module_name)
-            if shipped or (not module_name.startswith("transformer_engine") and importlib.util.find_spec(
-                    module_name.split(".")[0]) is not None):
-                raise TargetLoadError(f"target {prepared.spec}: fork config stands in {module_name}, but the "
-                                      "target or the environment has the real module; remove it from [standins]")
-            standins[module_name] = StrictModule(module_name, prepared.spec, {}, {})
-        standins[module_name].__dict__.update({symbol: _standin_value(module_name, symbol, kind)
-                                               for symbol, kind in symbols.items()})
+        shipped = module_name.startswith("transformer_engine.") and _ships(te_dir, module_name)
+        if shipped or (not module_name.startswith("transformer_engine") and importlib.util.find_spec(
+                module_name.split(".")[0]) is not None):
+            raise TargetLoadError(f"target {prepared.spec}: fork config stands in {module_name}, but the "
+                                  "target or the environment has the real module; remove it from [standins]")
+        module = StrictModule(module_name, prepared.spec, {}, {})
+        module.__dict__.update({symbol: _standin_value(module_name, symbol, kind) for symbol, kind in symbols.items()})
+        sys.modules[module_name] = module
 
 
 def _ships(te_dir: Path, module_name: str) -> bool:
@@ -180,15 +163,6 @@ def _standin_value(module_name: str, symbol: str, kind: str) -> Any:
     if kind == "noop":
         return lambda *_args, **_kwargs: None
     return {"none": None, "false": False, "true": True}[kind]
-
-
-def _let_real_submodules_load(standins: dict[str, types.ModuleType], te_dir: Path) -> None:
-    """A stood-in package (tensor/) still lets the target's real submodules import from its
-    directory, so a fork's own `tensor/npu_tensor.py` is the fork's, not ours."""
-    for name, module in standins.items():
-        directory = te_dir.joinpath(*name.split(".")[1:])
-        if name.startswith("transformer_engine.") and (directory / "__init__.py").is_file():
-            module.__dict__["__path__"] = [str(directory)]
 
 
 def op_features(ops: dict[str, Any]) -> frozenset[str]:
@@ -219,19 +193,18 @@ def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
 
 def _load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     te_dir = Path(prepared.root or "") / "transformer_engine"
-    for name in PACKAGE_SHELLS:
-        _install(name, _shell(name, te_dir.joinpath(*name.split(".")[1:])))
-    recipe = _import(prepared.spec, "transformer_engine.common.recipe", te_dir)
-    standins: dict[str, types.ModuleType] = dict(standin_modules(prepared.spec, recipe, te_dir))
-    _let_real_submodules_load(standins, te_dir)
-    _fork_standins(prepared, standins, te_dir)
-    for name, module in standins.items():
-        _install(name, module)
-    op_module = _import(prepared.spec, "transformer_engine.pytorch.ops.op", te_dir)
-    _import(prepared.spec, "transformer_engine.pytorch.ops.fuser", te_dir)
-    sequential = _import(prepared.spec, "transformer_engine.pytorch.ops.sequential", te_dir)
-
-    ops: dict[str, Any] = {"Sequential": sequential.Sequential, "BasicOperation": op_module.BasicOperation}
+    device.install(te_dir)
+    module, stood_in = extension.build(prepared.spec, te_dir)
+    sys.modules[extension.EXTENSION] = module
+    sys.meta_path.insert(0, boundary.TargetFinder(te_dir, prepared.version))
+    _fork_standins(prepared, te_dir)
+    # transformer_engine/__init__.py swallows an ImportError of its pytorch package; importing
+    # the package itself raises it again, with the target's file and line.
+    te = _import(prepared.spec, "transformer_engine.pytorch", te_dir)
+    te_ops_module = _import(prepared.spec, "transformer_engine.pytorch.ops", te_dir)
+    device.answer_te_device_queries(sys.modules)
+    op_module = _import(prepared.spec, "transformer_engine.pytorch.ops.op", te_dir)  # 2.1-2.3 do not export it
+    ops: dict[str, Any] = {"Sequential": te_ops_module.Sequential, "BasicOperation": op_module.BasicOperation}
     te_ops, missing = [], {}
     for op_name, module_names in TE_OPS.items():
         found = _find_op(prepared, te_dir, op_name, module_names)
@@ -240,56 +213,16 @@ def _load_cpu(prepared: PreparedTarget) -> LoadedTarget:
             continue
         ops[op_name] = found
         te_ops.append(op_name if found.__name__ == op_name else f"{op_name} (as {found.__name__})")
-    backend = make_cpu_ops(op_module.BasicOperation)
-    own, modules, fallbacks = _load_te_norm_ops(prepared.spec, te_dir)
-    ops.update({**backend, **own})
-    te_ops += list(own)
-    # What ops/__init__.py would export: TE's own classes only, never the backend's,
-    # so that `te.pytorch.ops.X` (module/rmsnorm.py, Megatron) finds what TE itself provides.
-    for name in ("Sequential", "BasicOperation", *[n for n in TE_OPS if n in ops], *own):
-        setattr(sys.modules["transformer_engine.pytorch.ops"], name, ops[name])
-    for name, cls in modules.items():
-        setattr(sys.modules["transformer_engine.pytorch"], name, cls)
-    stood_in = [f"transformer_engine_torch.{k}" for name in own for k in TE_NORM_OPS[name][2]]
-    assert all(k.rpartition(".")[2] in kernels.KERNELS for k in stood_in)
-    return LoadedTarget(prepared, ops, te_ops, [n for n in backend if n not in own], missing, te_dir,
-                        op_features(ops), te_modules=modules, kernel_standins=stood_in, own_op_fallbacks=fallbacks)
-
-
-def _load_te_norm_ops(spec: str, te_dir: Path) -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
-    """TE's own RMSNorm/LayerNorm ops and te.pytorch modules, on the kernel stand-ins.
-
-    A release whose norm op needs more than the CPU backend provides keeps the backend's
-    op for that name; the reason is returned so the target description can say it.
-    """
-    # 2.20's utils.py imports this from the package root, whose real __init__ loads the library.
-    sys.modules["transformer_engine.common"].decode_cudnn_version = decode_cudnn_version
-    own: dict[str, Any] = {}
-    modules: dict[str, Any] = {}
-    fallbacks: dict[str, str] = {}
-    for name, (op_file, module_file, _kernels) in TE_NORM_OPS.items():
-        try:
-            own[name] = getattr(_import(spec, f"transformer_engine.pytorch.ops.basic.{op_file}", te_dir), name)
-        except TargetLoadError as exc:
-            fallbacks[name] = str(exc).removeprefix(f"target {spec}: ")
-            continue
-        setattr(sys.modules["transformer_engine.pytorch.ops"], name, own[name])
-        if (te_dir / "pytorch/module" / f"{module_file}.py").is_file():
-            try:
-                modules[name] = getattr(_import(spec, f"transformer_engine.pytorch.module.{module_file}", te_dir), name)
-            except TargetLoadError as exc:
-                fallbacks[f"te.pytorch.{name}"] = str(exc).removeprefix(f"target {spec}: ")
-    utils = sys.modules.get("transformer_engine.pytorch.utils")
-    if own and utils is not None and hasattr(utils, "_empty_tensor"):
-        # clear_tensor_data (the ops' backward) frees saved tensors by pointing them at an
-        # empty tensor that utils allocates with `.cuda()`; on the CPU backend it is a CPU one.
-        utils._empty_tensor = _empty_cpu_tensor
-    return own, modules, fallbacks
-
-
-@functools.cache
-def _empty_cpu_tensor() -> torch.Tensor:
-    return torch.Tensor()
+    for name in COMPUTE_OPS:
+        if hasattr(te_ops_module, name):
+            ops[name] = getattr(te_ops_module, name)
+            te_ops.append(name)
+        else:
+            missing[name] = f"{prepared.spec}'s te.ops has no {name}"
+    modules = {name: getattr(te, name) for name in TE_MODULES if hasattr(te, name)}
+    return LoadedTarget(prepared, ops, te_ops, [], missing, te_dir, op_features(ops), te_modules=modules,
+                        kernel_standins=[f"{extension.EXTENSION}.{k}" for k in stood_in],
+                        extension_names=len(extension.extension_names(te_dir)))
 
 
 def _find_op(prepared: PreparedTarget, te_dir: Path, op_name: str, module_names: tuple[str, ...]) -> Any:

@@ -3,10 +3,9 @@
 `exec_environment` gives the child process an environment whose PYTHONPATH starts with
 exec_boot/, whose sitecustomize.py calls `activate` at interpreter start-up: the target is
 loaded through the same loader as a run (the CPU backend, or the native install), and on the
-CPU backend `te.ops` is filled from the loaded target, so `import transformer_engine.pytorch
-as te; te.ops.Sequential(...)` works as it does with an installed TE. TE's own classes are
-used where the target ships them (RMSNorm and LayerNorm from 2.13 on, on kernel stand-ins); the
-CPU backend's ops (BasicLinear, ...) otherwise.
+CPU backend the whole package is TE's own as shipped, so `import transformer_engine.pytorch
+as te; te.ops.Sequential(...)` works as it does with an installed TE (only the compiled
+extension's kernels are stood in).
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ BOOT_DIR = Path(__file__).resolve().parent / "exec_boot"
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TARGET_ENV = "REPRO_EXEC_TARGET"
 MEGATRON_ENV = "REPRO_EXEC_MEGATRON"
+LOADING_ENV = "REPRO_EXEC_LOADING"
 
 
 def exec_environment(prepared: PreparedTarget, megatron: bool, base: dict[str, str]) -> dict[str, str]:
@@ -37,8 +37,11 @@ def exec_environment(prepared: PreparedTarget, megatron: bool, base: dict[str, s
 def activate() -> None:
     """Load the target named in the environment (no-op without one); exit 2 with one line if it cannot load."""
     text = os.environ.get(TARGET_ENV)
-    if not text:
+    if not text or os.environ.get(LOADING_ENV):
         return
+    # A release that runs Python while it loads (2.1-2.3 ask `python -m pip show`) must not
+    # load the target again in that child; children of the user's command (pytest's workers) do.
+    os.environ[LOADING_ENV] = "1"
     from harness.errors import TargetLoadError
     from harness.targets.loader import load
 
@@ -57,6 +60,8 @@ def activate() -> None:
         sys.stderr.write(f"repro exec: {' '.join(what.split())}\n")
         sys.stderr.flush()
         os._exit(2)
+    finally:
+        os.environ.pop(LOADING_ENV, None)
     if prepared.backend != "native":
         expose_ops(loaded.ops)
 

@@ -1,6 +1,7 @@
-"""CPU backend: stand-ins for the TE modules that need the compiled extension, and CPU compute ops.
+"""CPU backend: what stands in for TE's compiled parts, so the whole Python package runs as shipped.
 
-Everything issue 22 involves (fuser.py, op.py, sequential.py and the pass-through
-basic ops) is loaded from the target's own source, unedited. Only the modules listed
-in `standins.STANDIN_MODULES` are replaced, and only the compute ops in `ops.py` are ours.
+`boundary` (the import boundary: the shared library is not loaded), `extension` (the
+`transformer_engine_torch` module built per target), `kernels` (its plain-torch kernels),
+`device` (the device TE asks about: one without FP8), `strict` (modules neither the target
+nor the environment has, named in a fork config).
 """

@@ -1,12 +1,15 @@
-"""Plain-torch stand-ins for the compiled kernels TE's own norm ops call.
+"""Plain-torch stand-ins for the compiled kernels TE's ops reach on the unquantized path.
 
-TE's `ops/basic/rmsnorm.py` and `ops/basic/layer_norm.py` (and, through them, the
-`te.pytorch.RMSNorm`/`LayerNorm` modules Megatron subclasses) call four functions of the
-compiled extension `transformer_engine_torch`. These have the same signatures and return
-the same tuples, so the ops run as shipped; only the arithmetic below is ours. As in TE's
-kernels, statistics are computed in float32 and the outputs cast to the requested dtype.
+TE's own ops and modules (`ops/basic/*.py`, `module/*.py`, the fused ops) call functions of
+the compiled extension `transformer_engine_torch`: the GEMM (`generic_gemm`, through
+`cpp_extensions.general_gemm`), the activations and their backward, and the norms. These
+have the extension's signatures (the same from 2.1 to 2.20 for the arguments the Python
+side passes; `generic_gemm` took `alpha`/`beta` from 2.5 on, as keywords) and return the same
+tuples, so the ops run as shipped; only the arithmetic below is ours. As in TE's kernels,
+statistics and activations are computed in float32 and cast to the output dtype.
 
-Quantized outputs (an FP8 `quantizer`) are refused: FP8 is disabled on the CPU backend.
+A `quantizer` (an FP8 output) is refused with `NotImplementedError`: the CPU backend is a
+device without FP8 (`device.py`), so TE only builds quantizers when a test asks for FP8.
 """
 
 from __future__ import annotations
@@ -112,6 +115,13 @@ def rmsnorm_bwd(dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: 
     return dx.to(x.dtype), dgamma.to(gamma.dtype)
 
 
+def rmsnorm_bwd_add(dz: torch.Tensor, x: torch.Tensor, add: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor,
+                    sm_margin: int, zero_centered_gamma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm's backward with a gradient added to dx (the fused op BackwardAddRMSNorm, 2.11 on)."""
+    dx, dgamma = rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin, zero_centered_gamma)
+    return (dx.float() + add.float()).to(x.dtype), dgamma
+
+
 def layernorm_fwd(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
                   ln_out: torch.Tensor | None, quantizer: Any, otype: Any, sm_margin: int,
                   zero_centered_gamma: bool) -> tuple[Any, ...]:
@@ -134,6 +144,123 @@ def layernorm_bwd(dz: torch.Tensor, x: torch.Tensor, mu: torch.Tensor, rsigma: t
     return dx.to(x.dtype), (dy * x_hat).sum(0).to(gamma.dtype), dy.sum(0).to(gamma.dtype)
 
 
+def _dtype_of(otype: Any, default: torch.dtype) -> torch.dtype:
+    return default if otype is None else _out_dtype(otype)
+
+
+def _matrix(t: torch.Tensor) -> torch.Tensor:
+    """The extension treats a tensor as 2-D: every dimension but the last flattened."""
+    return t.reshape(-1, t.shape[-1]) if t.dim() != 1 else t.reshape(1, -1)
+
+
+def generic_gemm(A: torch.Tensor, transa: bool, B: torch.Tensor, transb: bool, out: torch.Tensor | None,
+                 quantizer: Any, out_dtype: Any, bias: torch.Tensor | None, bias_type: Any, gelu: bool,
+                 gelu_in: torch.Tensor | None, grad: bool, workspace: torch.Tensor, workspace_size: int,
+                 accumulate: bool, use_split_accumulator: bool, comm_overlap: Any = None, comm_type: Any = None,
+                 extra_output: torch.Tensor | None = None, bulk_overlap: bool = False, alpha: float = 1.0,
+                 beta: float | None = None) -> tuple[Any, ...]:
+    """cuBLAS's column-major D = op(A) op(B), i.e. row-major `op(B) @ op(A)`: with layout "TN"
+    (A the weight, B the input) the forward, "NN" the data gradient, "NT" the weight gradient.
+
+    Epilogues, as the extension applies them: forward `bias` is added (and with `gelu` the
+    pre-activation returned beside GELU's output); with `grad`, the bias gradient is the
+    column sum of B, and `gelu` multiplies by GELU's derivative at `gelu_in`.
+    Returns (D, bias_grad, pre_gelu_out, extra_output)."""
+    _no_quantizer(quantizer)
+    if comm_overlap is not None:
+        raise NotImplementedError("GEMM with communication overlap is not available on the CPU backend")
+    a, b = _matrix(A).float(), _matrix(B).float()
+    d = (b.t() if transb else b) @ (a.t() if transa else a)
+    shape = ([B.shape[-1]] if transb else list(B.shape[:-1])) + [A.shape[0] if transa else A.shape[-1]]
+    d = (d * alpha).reshape(shape)
+    bias_grad = pre_gelu = None
+    if grad:
+        if gelu:
+            d = _dgelu_math(d, gelu_in.float()) if gelu_in is not None else d
+        if bias is not None:
+            bias_grad = b.sum(0).to(_dtype_of(out_dtype, A.dtype))
+    else:
+        if bias is not None:
+            d = d + bias.float()
+        if gelu:
+            pre_gelu = d.to(_dtype_of(out_dtype, A.dtype))
+            d = _gelu_math(d)
+    dtype = out.dtype if out is not None else _dtype_of(out_dtype, A.dtype)
+    if out is None:
+        return d.to(dtype), bias_grad, pre_gelu, extra_output
+    if accumulate:
+        d = d + out.float() * (1.0 if beta is None else beta)
+    out.copy_(d.reshape(out.shape))
+    return out, bias_grad, pre_gelu, extra_output
+
+
+def _gelu_math(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def _dgelu_math(dy: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """dy * GELU'(x), the tanh approximation TE's kernels use."""
+    k, c = 0.7978845608028654, 0.044715
+    inner = torch.tanh(k * (x + c * x.pow(3)))
+    return dy * (0.5 * (1 + inner) + 0.5 * x * (1 - inner.pow(2)) * k * (1 + 3 * c * x.pow(2)))
+
+
+# Elementwise activations: forward math and derivative, both on float32.
+_ACTIVATIONS: dict[str, tuple[Any, Any]] = {
+    "gelu": (_gelu_math, lambda x: _dgelu_math(torch.ones_like(x), x)),
+    "relu": (torch.relu, lambda x: (x > 0).float()),
+    "silu": (torch.nn.functional.silu, lambda x: torch.sigmoid(x) * (1 + x * (1 - torch.sigmoid(x)))),
+    "qgelu": (lambda x: x * torch.sigmoid(1.702 * x),
+              lambda x: torch.sigmoid(1.702 * x) * (1 + 1.702 * x * (1 - torch.sigmoid(1.702 * x)))),
+    "srelu": (lambda x: torch.relu(x).pow(2), lambda x: 2 * torch.relu(x)),
+}
+# Gated forms: the first half of the last dimension goes through the activation and
+# multiplies the second half (TE's `glu` is sigmoid-gated, `swiglu` silu-gated, ...).
+_GATED = {"glu": "sigmoid", "geglu": "gelu", "reglu": "relu", "swiglu": "silu", "qgeglu": "qgelu", "sreglu": "srelu"}
+_ACTIVATIONS["sigmoid"] = (torch.sigmoid, lambda x: torch.sigmoid(x) * (1 - torch.sigmoid(x)))
+
+
+def _activation(name: str) -> tuple[Any, Any]:
+    act, dact = _ACTIVATIONS[name]
+
+    def forward(input: torch.Tensor, quantizer: Any) -> torch.Tensor:
+        _no_quantizer(quantizer)
+        return act(input.float()).to(input.dtype)
+
+    def backward(grad: torch.Tensor, input: torch.Tensor, quantizer: Any) -> torch.Tensor:
+        _no_quantizer(quantizer)
+        return (grad.float() * dact(input.float())).to(input.dtype)
+
+    forward.__name__, backward.__name__ = name, f"d{name}"
+    return forward, backward
+
+
+def _gated(name: str, base: str) -> tuple[Any, Any]:
+    act, dact = _ACTIVATIONS[base]
+
+    def forward(input: torch.Tensor, quantizer: Any) -> torch.Tensor:
+        _no_quantizer(quantizer)
+        gate, value = input.float().chunk(2, dim=-1)
+        return (act(gate) * value).to(input.dtype)
+
+    def backward(grad: torch.Tensor, input: torch.Tensor, quantizer: Any) -> torch.Tensor:
+        _no_quantizer(quantizer)
+        gate, value = input.float().chunk(2, dim=-1)
+        dy = grad.float()
+        return torch.cat([dy * value * dact(gate), dy * act(gate)], dim=-1).to(input.dtype)
+
+    forward.__name__, backward.__name__ = name, f"d{name}"
+    return forward, backward
+
+
+ACTIVATION_KERNELS = {
+    f.__name__: f
+    for pair in [*(_activation(n) for n in ("gelu", "relu", "silu", "qgelu", "srelu")),
+                 *(_gated(n, base) for n, base in _GATED.items())]
+    for f in pair
+}
+
 # What the `transformer_engine_torch` stand-in exposes from this module.
-KERNELS = {f.__name__: f for f in (rmsnorm_fwd, rmsnorm_bwd, layernorm_fwd, layernorm_bwd)}
+KERNELS = {f.__name__: f for f in (rmsnorm_fwd, rmsnorm_bwd, rmsnorm_bwd_add, layernorm_fwd, layernorm_bwd, generic_gemm)}
+KERNELS.update(ACTIVATION_KERNELS)
 ENUMS = {c.__name__: c for c in (DType, FP8FwdTensors, FP8BwdTensors, FP8TensorMeta)}

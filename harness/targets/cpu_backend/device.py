@@ -1,0 +1,150 @@
+"""The device TE asks about, on a machine without a GPU: the only place it is answered.
+
+TE's Python code asks torch about the CUDA device at call time, not only at import:
+`is_fp8_available()` and the GEMM workspace size read the compute capability through
+`torch.cuda.get_device_properties(torch.cuda.current_device())`, and upstream's test
+utilities save and restore `torch.cuda.get_rng_state()`. CPU torch raises on each. On the CPU
+backend they answer as one device **without FP8**: compute capability 8.0 (FP8 needs 8.9, so
+TE itself reports FP8, MXFP8 and NVFP4 unavailable and skips their paths), and a CUDA
+generator of its own, seeded like torch's CPU generator. `torch.cuda.is_available()` still
+says False, and anything else under torch.cuda fails as CPU torch makes it fail.
+
+Installed process-wide by the loader (`install`), before the target is imported.
+
+Where TE's own code names CUDA outright, the CUDA device is the CPU, the device the CPU
+backend computes on:
+- `tensor.cuda()` called from the target's own files (releases up to 2.5 move an activation's
+  input with `x.cuda()`; `utils._empty_tensor()` is `torch.Tensor().cuda()`) returns the tensor
+  as it is, and `torch.empty/zeros/ones/full(..., device="cuda")` called from them allocate on
+  the CPU (the cuBLAS workspace up to 2.12; 2.6's FP8 recipe state, which its fused
+  linear+bias op builds even with FP8 off). Called from anywhere else, they are torch's own;
+
+and, after import (`answer_te_device_queries`), one of TE's helpers:
+- `canonicalize_device(None)`, "the default CUDA device", which releases up to 2.12 move an
+  op's CPU tensors to (`if device.type != "cuda": device = canonicalize_device(None)`), is the
+  CPU: the device the CPU backend computes on. Given a device, it is TE's own;
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import types
+from pathlib import Path
+from typing import Any
+
+import torch
+
+CAPABILITY = (8, 0)
+NAME = "CPU backend (no FP8): compute capability 8.0"
+_generator = torch.Generator()
+
+PROPERTIES = types.SimpleNamespace(
+    name=NAME, major=CAPABILITY[0], minor=CAPABILITY[1], multi_processor_count=1,
+    total_memory=0, is_integrated=False, is_multi_gpu_board=False,
+)
+
+
+def current_device() -> int:
+    return 0
+
+
+def get_device_properties(_device: Any = None) -> types.SimpleNamespace:
+    return PROPERTIES
+
+
+def get_device_capability(_device: Any = None) -> tuple[int, int]:
+    return CAPABILITY
+
+
+def get_device_name(_device: Any = None) -> str:
+    return NAME
+
+
+def get_rng_state(_device: Any = "cuda") -> torch.Tensor:
+    return _generator.get_state()
+
+
+def set_rng_state(state: torch.Tensor, _device: Any = "cuda") -> None:
+    _generator.set_state(state)
+
+
+def manual_seed(seed: int) -> None:
+    _generator.manual_seed(seed)
+
+
+ANSWERS = {f.__name__: f for f in (current_device, get_device_properties, get_device_capability,
+                                   get_device_name, get_rng_state, set_rng_state, manual_seed)}
+
+
+def _cpu_by_default(canonicalize: Any) -> Any:
+    @functools.wraps(canonicalize)
+    def canonicalize_device(device: Any = None) -> torch.device:
+        return torch.device("cpu") if device is None else canonicalize(device)
+
+    return canonicalize_device
+
+
+def answer_te_device_queries(modules: dict[str, types.ModuleType]) -> list[str]:
+    """The helpers above, where TE defines them and in every loaded TE module that imported
+    them by name; once, right after the target's import."""
+    if torch.cuda.is_available():
+        return []
+    replacements: dict[str, tuple[Any, Any]] = {}
+    for module_name, name, make in (("utils", "canonicalize_device", _cpu_by_default),):
+        home = modules.get(f"transformer_engine.pytorch.{module_name}")
+        original = getattr(home, name, None)
+        if original is not None:
+            replacements[name] = (original, make(original))
+    answered = []
+    for module_name, module in list(modules.items()):
+        if not module_name.startswith("transformer_engine."):
+            continue
+        for name, (original, replacement) in replacements.items():
+            if module.__dict__.get(name) is original:
+                setattr(module, name, replacement)
+                answered.append(f"{module_name}.{name}")
+    return answered
+
+
+def _cuda_from_te(te_dir: str, original: Any) -> Any:
+    def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        if sys._getframe(1).f_code.co_filename.startswith(te_dir):
+            return self
+        return original(self, *args, **kwargs)
+
+    cuda.answered_by_cpu_backend = True  # type: ignore[attr-defined]
+    return cuda
+
+
+FACTORIES = ("empty", "zeros", "ones", "full")
+
+
+def _is_cuda(device: Any) -> bool:
+    return isinstance(device, (str, torch.device)) and torch.device(device).type == "cuda"
+
+
+def _factory_from_te(te_dir: str, original: Any) -> Any:
+    @functools.wraps(original)
+    def factory(*args: Any, **kwargs: Any) -> torch.Tensor:
+        if _is_cuda(kwargs.get("device")) and sys._getframe(1).f_code.co_filename.startswith(te_dir):
+            kwargs["device"] = "cpu"
+        return original(*args, **kwargs)
+
+    factory.answered_by_cpu_backend = True  # type: ignore[attr-defined]
+    return factory
+
+
+def install(te_dir: Path) -> list[str]:
+    """Answer the queries above in torch.cuda, and TE's own `tensor.cuda()` (once per process);
+    returns what is answered. A CUDA build of torch with a device keeps its own answers."""
+    if torch.cuda.is_available():
+        return []
+    for name, answer in ANSWERS.items():
+        setattr(torch.cuda, name, answer)
+    if not getattr(torch.Tensor.cuda, "answered_by_cpu_backend", False):
+        torch.Tensor.cuda = _cuda_from_te(str(te_dir), torch.Tensor.cuda)  # type: ignore[method-assign]
+        for name in FACTORIES:
+            setattr(torch, name, _factory_from_te(str(te_dir), getattr(torch, name)))
+    return ([f"torch.cuda.{name}" for name in ANSWERS]
+            + [f"torch.{name}(device='cuda') and torch.Tensor.cuda from the target's files" for name in FACTORIES])

@@ -1,0 +1,52 @@
+"""`repro upstream-tests`: a checkout's tests/pytorch/test_fusible_ops.py run against a target,
+counted per target. The test file here is written for this test (TE's own is never copied):
+one test that passes on TE's own ops, one that skips the way upstream skips FP8 (TE itself
+says FP8 is unavailable on the CPU backend), one that fails, and one the default -k leaves out."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import repro
+
+TESTS = '''
+import pytest
+import torch
+import transformer_engine.pytorch as te
+
+def test_cpu_sequential_runs_tes_own_ops():
+    model = te.ops.Sequential(te.ops.BasicLinear(8, 4, device="cpu"), te.ops.Bias(4, device="cpu"))
+    assert model(torch.ones(2, 8)).shape == (2, 4)
+
+def test_cpu_fp8_skips_like_upstream():
+    available, reason = te.is_fp8_available(return_reason=True)
+    if not available:
+        pytest.skip(reason)
+
+def test_cpu_fails_on_purpose():
+    assert te.ops.Identity()(torch.ones(1)).item() == 2.0
+
+def test_cuda_only():
+    raise AssertionError("the default -k leaves this out")
+'''
+
+
+def _checkout(tmp_path: Path) -> Path:
+    tests = tmp_path / "checkout" / "tests" / "pytorch"
+    tests.mkdir(parents=True)
+    (tests / "test_fusible_ops.py").write_text(TESTS)
+    return tmp_path / "checkout"
+
+
+def test_counts_per_target(tmp_path: Path) -> None:
+    checkout = _checkout(tmp_path)
+    result = repro("upstream-tests", "--tests", str(checkout), "--target", "te-2.13.0", "--target", "te-2.16.0",
+                   check_rc=1)
+    rows = {line.split()[0]: line.split()[1:] for line in result.stdout.splitlines() if line.startswith("te-")}
+    assert rows == {"te-2.13.0": ["1", "1", "1", "FAILED"], "te-2.16.0": ["1", "1", "1", "FAILED"]}, result.stdout
+    assert sorted(p.name for p in (checkout / "tests" / "pytorch").iterdir()) == ["test_fusible_ops.py"]
+
+
+def test_without_a_tests_file_is_one_line_exit_2(tmp_path: Path) -> None:
+    result = repro("upstream-tests", "--tests", str(tmp_path), "--target", "te-2.13.0", check_rc=2)
+    assert len(result.stderr.strip().splitlines()) == 1 and "tests/pytorch/test_fusible_ops.py" in result.stderr
