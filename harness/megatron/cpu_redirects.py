@@ -73,8 +73,8 @@ def _set_rng_state(state: torch.Tensor, *_args: Any, **_kwargs: Any) -> None:
 
 def redirect_rng(random_module: types.ModuleType) -> None:
     """Redirect 1 alone: all the `megatron` recompute wrapper needs."""
-    random_module._get_cuda_rng_state = _get_rng_state
-    random_module._set_cuda_rng_state = _set_rng_state
+    # Megatron's own module globals, replaced in its namespace (the names are not in its stubs)
+    random_module.__dict__.update(_get_cuda_rng_state=_get_rng_state, _set_cuda_rng_state=_set_rng_state)
 
 
 def apply(device: str) -> list[str]:
@@ -88,6 +88,6 @@ def apply(device: str) -> list[str]:
     for name in TORCH_ON_CPU:
         module = sys.modules.get(name) or importlib.import_module(name)
         if not isinstance(module.__dict__.get("torch"), _TorchOnCpu):
-            module.torch = view
+            module.__dict__["torch"] = view
         done.append(f"{name.removeprefix('megatron.core.')}: torch.cuda.current_device/get_rng_state/manual_seed -> CPU")
     return done

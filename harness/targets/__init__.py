@@ -251,6 +251,6 @@ def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str
         fuser_sha=sources.fuser_hash(root), patch=spec.patch, patch_status=status,
         patch_detail=detail, backend=backend, content_sha=sources.content_hash(root), provenance=provenance,
         fork_config=str(config_path) if config_path else None, fix_markers=markers,
-        extra_standins=config.standins, renamed_ops=config.renamed_ops, expectations=dict(config.expect),
+        extra_standins={module: dict(symbols) for module, symbols in config.standins.items()}, renamed_ops=config.renamed_ops, expectations=dict(config.expect),
         **parts,
     )
