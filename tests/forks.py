@@ -1,5 +1,6 @@
 """The upstream-sync scenario, built in a test from the cached release trees with real git:
-te-2.13.0's tree as upstream before PR #2919, te-2.16.0's fuser.py as upstream's fix, the
+te-2.13.0's tree as upstream before PR #2919, te-2.16.0's fuser.py (and the quantized_tensor.py
+it imports from) as upstream's fix, the
 fork as upstream plus patches/backport.patch committed, and the sync as a merge of
 upstream's fix into the fork, which conflicts in fuser.py."""
 
@@ -15,6 +16,7 @@ from harness.targets import sources
 from tests.conftest import REPO
 
 FUSER = sources.FUSER_RELPATH
+QUANTIZED_TENSOR = Path("transformer_engine/pytorch/quantized_tensor.py")
 EXPECT_FIXED = '[expect]\nissue22 = "fixed"\n'
 
 
@@ -63,7 +65,10 @@ def build_fork(root: Path, cache: Path, declare_fixed: bool = True) -> Fork:
     git(repo, "commit", "-q", "-m", "backport issue22")
     fork_base = git(repo, "rev-parse", "HEAD")
     git(repo, "checkout", "-q", "upstream")
-    shutil.copy(new / FUSER, repo / FUSER)
+    # Upstream's fix as 2.16.0 ships it: its fuser.py, and the quantized_tensor.py whose
+    # restore_from_func_ctx that fuser.py imports (the whole package runs as shipped).
+    for relpath in (FUSER, QUANTIZED_TENSOR):
+        shutil.copy(new / relpath, repo / relpath)
     git(repo, "commit", "-q", "-am", "guard fuser grad checks on non-leaf nodes (#2919)")
     upstream_fix = git(repo, "rev-parse", "HEAD")
     git(repo, "checkout", "-q", "fork")
