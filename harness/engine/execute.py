@@ -168,8 +168,7 @@ def call_not_applicable(case: Case, target: LoadedTarget, spec: str) -> str | No
 
     if CLIENTS[case.client].uses_megatron and "RMSNorm" not in target.te_modules:
         # Megatron's TEFusedResidualRMSNorm subclasses te.pytorch.RMSNorm, which must run as shipped.
-        why = target.own_op_fallbacks.get("RMSNorm") or "TE's own te.pytorch.RMSNorm is not loaded"
-        return f"not applicable on this release: {spec}: {why}"
+        return f"not applicable on this release: {spec}: TE's own te.pytorch.RMSNorm is not loaded"
     missing = [op for op in target.missing_ops if op in ops_used(PIPELINES[case.pipeline])]
     lacking = missing_features(case, target)
     if missing or lacking:

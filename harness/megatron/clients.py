@@ -207,8 +207,7 @@ def build_client(name: str, target: LoadedTarget, megatron: LoadedMegatron, *, r
     if name not in CLIENTS:
         raise UsageError(f"unknown client {name!r}; valid: {', '.join(CLIENTS)}")
     if "RMSNorm" not in target.te_modules:
-        why = target.own_op_fallbacks.get("RMSNorm") or target.own_op_fallbacks.get("te.pytorch.RMSNorm", "not loaded")
-        raise UsageError(f"{target.prepared.spec}: TE's own te.pytorch.RMSNorm does not run on the CPU backend ({why})")
+        raise UsageError(f"{target.prepared.spec}: TE's own te.pytorch.RMSNorm does not run on the CPU backend (not loaded)")
     if not megatron.has_fused_residual_rmsnorm:
         raise UsageError(f"megatron-core {megatron.prepared.version} on {target.prepared.spec} does not define "
                          "TEFusedResidualRMSNorm (it needs megatron-core >= 0.17 and TE >= 1.13)")

@@ -49,13 +49,11 @@ class LoadedTarget:
     prepared: PreparedTarget
     ops: dict[str, Any]  # op name -> class; plus "Sequential" and "BasicOperation"
     te_ops: list[str]
-    backend_ops: list[str]  # ops of the harness's own (none since the whole package loads)
     missing_ops: dict[str, str] = field(default_factory=dict)  # op name -> why it is absent
     te_dir: Path | None = None
     features: frozenset[str] = frozenset()  # op features of this release (see `op_features`)
     te_modules: dict[str, Any] = field(default_factory=dict)  # te.pytorch module classes (RMSNorm, LayerNorm)
     kernel_standins: list[str] = field(default_factory=list)  # extension functions with CPU stand-ins
-    own_op_fallbacks: dict[str, str] = field(default_factory=dict)  # op name -> why TE's own op could not run
     extension_names: int = 0  # names the target reads from the extension
 
     @property
@@ -220,7 +218,7 @@ def _load_cpu(prepared: PreparedTarget) -> LoadedTarget:
         else:
             missing[name] = f"{prepared.spec}'s te.ops has no {name}"
     modules = {name: getattr(te, name) for name in TE_MODULES if hasattr(te, name)}
-    return LoadedTarget(prepared, ops, te_ops, [], missing, te_dir, op_features(ops), te_modules=modules,
+    return LoadedTarget(prepared, ops, te_ops, missing, te_dir, op_features(ops), te_modules=modules,
                         kernel_standins=[f"{extension.EXTENSION}.{k}" for k in stood_in],
                         extension_names=len(extension.extension_names(te_dir)))
 
@@ -266,7 +264,7 @@ def load_native(prepared: PreparedTarget) -> LoadedTarget:
         else:
             missing[name] = f"te.ops has no {name}"
     te_dir = Path(te.__file__ or "").resolve().parent.parent
-    return LoadedTarget(prepared, ops, [n for n in names if n in ops], [], missing, te_dir, op_features(ops))
+    return LoadedTarget(prepared, ops, [n for n in names if n in ops], missing, te_dir, op_features(ops))
 
 
 _LOADED: LoadedTarget | None = None
