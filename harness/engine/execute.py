@@ -22,7 +22,7 @@ from cases.clients import BLOCK_RECOMPUTES, CLIENTS
 from cases.deviations import split_known
 from cases.pipelines import HIDDEN, PIPELINES
 from cases.regressions import REGRESSIONS
-from harness.engine import checks
+from harness.engine import checks, seeding
 from harness.engine.frames import error_record
 from harness.model import Outcome
 from harness.targets.loader import LoadedTarget
@@ -230,7 +230,7 @@ def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
     """Observe one case: the fields of its result record, without prediction or verdict."""
     started = time.perf_counter()
     seed = zlib.crc32(case.case_id.split(":", 1)[1].encode())
-    torch.manual_seed(seed)
+    seeding.manual_seed(seed)
     dtype = DTYPES[case.dtype]
     subject = build_subject(case, target, seed)
     values = torch.randn(*subject.input_shape, dtype=dtype, device=case.device)

@@ -21,7 +21,7 @@ import torch
 
 from cases.case import Case
 from cases.scenario import Scenario, Steps
-from harness.engine import checks
+from harness.engine import checks, seeding
 from harness.engine.execute import checked, observation
 from harness.engine.frames import error_record
 from harness.model import Outcome
@@ -73,7 +73,7 @@ def run_trial(case: Case, target: Any, scenario: Scenario) -> dict[str, Any]:
     """Observe one case of a scenario with its own steps: the fields of its result record."""
     assert scenario.trial is not None
     started = time.perf_counter()
-    torch.manual_seed(zlib.crc32(case.case_id.split(":", 1)[1].encode()))
+    seeding.manual_seed(zlib.crc32(case.case_id.split(":", 1)[1].encode()))
     left_behind: list[str] = []
     error = None
     with process_state_kept(left_behind):

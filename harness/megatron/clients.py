@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from harness.engine import seeding
 from harness.errors import UsageError
 from harness.megatron.loader import LoadedMegatron
 from harness.targets.loader import LoadedTarget
@@ -212,7 +213,7 @@ def build_client(name: str, target: LoadedTarget, megatron: LoadedMegatron, *, r
         raise UsageError(f"megatron-core {megatron.prepared.version} on {target.prepared.spec} does not define "
                          "TEFusedResidualRMSNorm (it needs megatron-core >= 0.17 and TE >= 1.13)")
     ensure_parallel_state(megatron, seed)
-    torch.manual_seed(seed)
+    seeding.manual_seed(seed)
     if name == "megatron_norm":
         if recompute != "none":
             raise UsageError("megatron_norm takes the engine's recompute wrappers, not a block recompute")

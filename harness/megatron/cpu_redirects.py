@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from harness.engine import seeding
+
 # Megatron modules whose `torch.cuda` calls the block and the norm reach on the CPU.
 TORCH_ON_CPU = (
     "megatron.core.tensor_parallel.random",
@@ -46,7 +48,7 @@ class _CudaOnCpu:
 
     @staticmethod
     def manual_seed(seed: int) -> None:
-        torch.manual_seed(seed)
+        seeding.manual_seed(seed)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(torch.cuda, name)
