@@ -427,8 +427,11 @@ def reproduce_command(case_id: str, target: str, standalone: bool) -> str:
 # ---- formats ----
 
 def render(run: dict[str, Any], fmt: str, paths: dict[str, str] | None = None) -> str:
-    if fmt != "json":  # JSON escapes control characters itself
-        run = printable(run)
+    # JSON escapes control characters itself; every other format shows the run's text printable.
+    return _render_shown(run if fmt == "json" else printable(run), fmt, paths)
+
+
+def _render_shown(run: dict[str, Any], fmt: str, paths: dict[str, str] | None = None) -> str:
     # Imported here: the renderers import this module's views.
     if fmt == "md":
         from repro.render_md import render_markdown
@@ -458,13 +461,16 @@ def render(run: dict[str, Any], fmt: str, paths: dict[str, str] | None = None) -
 REPORT_FILES = {"report.md": "md", "report.html": "html", "junit.xml": "junit"}
 
 
-def write_all_formats(run: dict[str, Any], out_dir: Path) -> dict[str, str]:
+def write_all_formats(run: dict[str, Any], out_dir: Path, shown: dict[str, Any] | None = None) -> dict[str, str]:
     """report.md, report.html and junit.xml beside the run's run.json; returns {name: path}.
-    Appends the summary to $GITHUB_STEP_SUMMARY when that is set (GitHub Actions)."""
+    `shown`: `printable(run)`, where the caller has made it (a pass over a large run takes a
+    second; one serves every format). Appends the summary to $GITHUB_STEP_SUMMARY when that
+    is set (GitHub Actions)."""
     out_dir = Path(out_dir)
     paths = {}
+    shown = printable(run) if shown is None else shown
     for name, fmt in REPORT_FILES.items():
-        rundir.write_atomic(out_dir / name, render(run, fmt))
+        rundir.write_atomic(out_dir / name, _render_shown(shown, fmt))
         paths[name] = str(out_dir / name)
     append_step_summary(run, paths)
     return paths

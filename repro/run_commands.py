@@ -120,7 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             run = run_matrix(matrix, args.only, specs, out_dir, args.workers, cache, args.offline,
                              args.max_cases, progress=progress, case_timeout=args.case_timeout,
                              load_timeout=args.load_timeout,
-                             fork_config=args.fork_config, selections=selections, pairs=pairs,
+                             fork_config=args.fork_config, selections=selections or planned, pairs=pairs,
                              tx=tx, rsyncdirs=rsyncdirs)
         except (Interrupted, KeyboardInterrupt):
             progress.close()
@@ -143,8 +143,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         run["elapsed_s"] = round(time.time() - started, 1)
         run["summary"] = summarize(run)
         rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
-        paths = write_all_formats(run, out_dir)
-    print_status_line(printable(run), paths)
+        shown = printable(run)
+        paths = write_all_formats(run, out_dir, shown)
+    print_status_line(shown, paths)
     for line in [*dirty_warnings(run), *(p["problem"] for p in run.get("target_problems") or []), *all_unmet(run)]:
         print(f"repro: {printable(line)}", file=sys.stderr)
     if reason := incomplete_reason(run):
