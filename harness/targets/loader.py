@@ -131,7 +131,8 @@ def _forget_target() -> None:
     """Drop a half-loaded target, so the next attempt reports its own error again."""
     for name in [n for n in sys.modules if n == "transformer_engine" or n.startswith("transformer_engine.")]:
         del sys.modules[name]
-    sys.modules.pop(extension.EXTENSION, None)
+    for name in [n for n in sys.modules if n.startswith(extension.EXTENSION)]:  # ours, and a fork's own
+        del sys.modules[name]
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, boundary.TargetFinder)]
 
 
@@ -193,7 +194,7 @@ def _load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     te_dir = Path(prepared.root or "") / "transformer_engine"
     device.install(te_dir)
     module, stood_in = extension.build(prepared.spec, te_dir)
-    sys.modules[extension.EXTENSION] = module
+    sys.modules[module.__name__] = module
     sys.meta_path.insert(0, boundary.TargetFinder(te_dir, prepared.version))
     _fork_standins(prepared, te_dir)
     # transformer_engine/__init__.py swallows an ImportError of its pytorch package; importing
@@ -219,7 +220,7 @@ def _load_cpu(prepared: PreparedTarget) -> LoadedTarget:
             missing[name] = f"{prepared.spec}'s te.ops has no {name}"
     modules = {name: getattr(te, name) for name in TE_MODULES if hasattr(te, name)}
     return LoadedTarget(prepared, ops, te_ops, missing, te_dir, op_features(ops), te_modules=modules,
-                        kernel_standins=[f"{extension.EXTENSION}.{k}" for k in stood_in],
+                        kernel_standins=[f"{module.__name__}.{k}" for k in stood_in],
                         extension_names=len(extension.extension_names(te_dir)))
 
 

@@ -14,6 +14,13 @@ ordinary module. Each name is:
   those members;
 - else a compiled kernel without a stand-in: a callable that, when called (never at import),
   raises `MissingKernel` naming the kernel and the TE frame that called it.
+
+The module takes the name the target's build gives its compiled extension (`compiled_name`):
+upstream's `transformer_engine_torch`, or a fork's own. A fork may rename the compiled module
+and provide `transformer_engine_torch` in Python itself (TransformerEngine-FL, a 2.9.0-based
+fork, builds `transformer_engine_torch_nv` and registers a plugin module dispatching to its
+backends as `transformer_engine_torch`); then only the compiled module is stood in, and the
+fork's own module runs from its files.
 """
 
 from __future__ import annotations
@@ -30,18 +37,43 @@ from typing import Any
 from harness.errors import FidelityError
 from harness.targets.cpu_backend import kernels
 
-EXTENSION = "transformer_engine_torch"
-# Where the PyTorch extension is read (transformer_engine/jax uses its own extension).
-SCANNED = ("pytorch", "debug")
+EXTENSION = "transformer_engine_torch"  # upstream's name for the compiled PyTorch extension
+# Where the package is not read for it: transformer_engine/jax uses its own extension.
+NOT_SCANNED = ("jax",)
+# build_tools/pytorch.py of a checkout: the extension it builds, `name="transformer_engine_torch"`.
+_BUILT_NAME = re.compile(rf'\bname\s*=\s*["\']({EXTENSION}\w*)["\']')
+# A package that provides `transformer_engine_torch` itself, and the compiled module it imports.
+_PROVIDED = re.compile(rf'sys\.modules\[\s*["\']{EXTENSION}["\']\s*\]\s*=')
+_IMPORTED_OTHER = re.compile(rf"^\s*import ({EXTENSION}_\w+)", re.MULTILINE)
+
+
+def _package_files(te_dir: Path) -> list[Path]:
+    return sorted(path for path in te_dir.rglob("*.py") if path.relative_to(te_dir).parts[0] not in NOT_SCANNED)
+
+
+@functools.cache
+def compiled_name(te_dir: Path) -> str:
+    """The name of the target's compiled PyTorch extension: the one its checkout's
+    build_tools/pytorch.py builds; in a tree without build files, the `transformer_engine_torch_*`
+    module the package imports where it provides `transformer_engine_torch` itself; else upstream's."""
+    build = te_dir.parent / "build_tools" / "pytorch.py"
+    if build.is_file() and (built := _BUILT_NAME.findall(build.read_text(errors="replace"))):
+        return built[0]
+    texts = [path.read_text(errors="replace") for path in _package_files(te_dir)]
+    if any(_PROVIDED.search(text) for text in texts):
+        others = sorted({name for text in texts for name in _IMPORTED_OTHER.findall(text)})
+        if len(others) == 1:
+            return others[0]
+    return EXTENSION
 
 
 class MissingKernel(FidelityError):
     """A compiled kernel the CPU backend has no stand-in for was called."""
 
-    def __init__(self, target: str, kernel: str, caller: str) -> None:
+    def __init__(self, target: str, kernel: str, caller: str, module: str = EXTENSION) -> None:
         self.caller = caller
-        super().__init__(target, EXTENSION, kernel)
-        self.args = ((f"target {target}: {caller} called the compiled kernel {EXTENSION}.{kernel}, "
+        super().__init__(target, module, kernel)
+        self.args = ((f"target {target}: {caller} called the compiled kernel {module}.{kernel}, "
                       "which has no CPU stand-in"),)
 
 
@@ -58,25 +90,23 @@ def _calling_te_frame(te_dir: Path) -> str:
     return "code outside the target"
 
 
-def _missing_kernel(target: str, name: str, te_dir: Path) -> Callable[..., Any]:
+def _missing_kernel(target: str, name: str, te_dir: Path, module: str) -> Callable[..., Any]:
     def kernel(*_args: Any, **_kwargs: Any) -> Any:
-        raise MissingKernel(target, name, _calling_te_frame(te_dir))
+        raise MissingKernel(target, name, _calling_te_frame(te_dir), module)
 
     kernel.__name__ = kernel.__qualname__ = name
-    kernel.__module__ = EXTENSION
+    kernel.__module__ = module
     kernel.__doc__ = "Compiled kernel without a CPU stand-in: raises MissingKernel when called."
     return kernel
 
 
-_IMPORT_AS = re.compile(rf"^\s*import {EXTENSION}(?: as (\w+))?\s*$", re.MULTILINE)
-_FROM_IMPORT = re.compile(rf"^\s*from {EXTENSION} import (\([^)]*\)|[^\n]*)", re.MULTILINE)
-
-
-def _file_uses(text: str, names: dict[str, set[str]]) -> None:
-    """Add one file's reads of the extension to `names` (a regex scan, 20x faster than an
-    AST; a mention in a comment adds at most a name that is never called)."""
-    local: dict[str, str | None] = {alias or EXTENSION: None for alias in _IMPORT_AS.findall(text)}
-    for group in _FROM_IMPORT.findall(text):
+def _file_uses(text: str, module: str, names: dict[str, set[str]]) -> None:
+    """Add one file's reads of the extension `module` to `names` (a regex scan, 20x faster
+    than an AST; a mention in a comment adds at most a name that is never called)."""
+    import_as = re.compile(rf"^\s*import {module}(?: as (\w+))?\s*$", re.MULTILINE)
+    from_import = re.compile(rf"^\s*from {module} import (\([^)]*\)|[^\n]*)", re.MULTILINE)
+    local: dict[str, str | None] = {alias or module: None for alias in import_as.findall(text)}
+    for group in from_import.findall(text):
         for item in group.strip("()").replace("\n", " ").split(","):
             parts = item.split("#")[0].split()
             if parts and parts[0] != "*":
@@ -96,13 +126,16 @@ def _file_uses(text: str, names: dict[str, set[str]]) -> None:
 
 @functools.cache
 def extension_names(te_dir: Path) -> dict[str, frozenset[str]]:
-    """Every extension name the target's PyTorch code reads -> the members read from it."""
+    """Every extension name the target's code reads -> the members read from it. Where a fork
+    renamed the compiled module, also what it reads from upstream's name: its own Python
+    module there serves upstream's API, which it takes from the compiled one (TE-FL's CUDA
+    backend reads the compiled module through a function's return value, which no scan follows)."""
     names: dict[str, set[str]] = {}
-    for part in SCANNED:
-        for path in sorted((te_dir / part).rglob("*.py")):
-            text = path.read_text(errors="replace")
-            if EXTENSION in text:
-                _file_uses(text, names)
+    for path in _package_files(te_dir):
+        text = path.read_text(errors="replace")
+        for module in dict.fromkeys((compiled_name(te_dir), EXTENSION)):
+            if module in text:
+                _file_uses(text, module, names)
     return {name: frozenset(members) for name, members in sorted(names.items())}
 
 
@@ -110,17 +143,19 @@ def extension_names(te_dir: Path) -> dict[str, frozenset[str]]:
 _NOT_MEMBERS = {"value", "name", "__members__", "default", "__name__"}
 
 
-def _enum(name: str, members: frozenset[str]) -> type:
+def _enum(name: str, members: frozenset[str], module: str) -> type:
     values = sorted(members - _NOT_MEMBERS)
     made = enum.IntEnum(name, {member: index for index, member in enumerate(values)})  # type: ignore[misc]
-    made.__module__ = EXTENSION
+    made.__module__ = module
     made.__doc__ = f"Stand-in for the extension's enum {name}: the members the target's source reads."
     return made
 
 
 def build(target: str, te_dir: Path) -> tuple[types.ModuleType, list[str]]:
-    """The extension module for one target, and the names it holds with CPU stand-ins."""
-    module = types.ModuleType(EXTENSION, "TE's compiled extension, stood in by the harness's CPU backend.")
+    """The extension module for one target (named `compiled_name(te_dir)`), and the names it
+    holds with CPU stand-ins."""
+    name_of_module = compiled_name(te_dir)
+    module = types.ModuleType(name_of_module, "TE's compiled extension, stood in by the harness's CPU backend.")
     stood_in = []
     for name, members in extension_names(te_dir).items():
         value: Any
@@ -130,9 +165,9 @@ def build(target: str, te_dir: Path) -> tuple[types.ModuleType, list[str]]:
         elif name in kernels.ENUMS:
             value = kernels.ENUMS[name]
         elif members - _NOT_MEMBERS:
-            value = _enum(name, members)
+            value = _enum(name, members, name_of_module)
         else:
-            value = _missing_kernel(target, name, te_dir)
+            value = _missing_kernel(target, name, te_dir, name_of_module)
         setattr(module, name, value)
     for name, value in kernels.ENUMS.items():  # read through aliases the scan cannot follow
         if not hasattr(module, name):
