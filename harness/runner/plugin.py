@@ -127,15 +127,25 @@ def _watchdog(timeout: float) -> None:
             os._exit(70)
 
 
+def _torch_import_s() -> float:
+    """How long importing torch took this process: timed where it first happens (the
+    collection of the cases, whose modules import it), once."""
+    if "torch_import_s" not in _state:
+        started = time.perf_counter()
+        import torch  # noqa: F401
+
+        _state["torch_import_s"] = time.perf_counter() - started
+    return float(_state["torch_import_s"])
+
+
 def _worker_setup(config: pytest.Config) -> None:
     """Once per worker process, before its first case: torch on one thread (the cases are
     tiny and the parallelism is the workers'; under load, idle OpenMP threads spinning on
     shared cores cost several times the case), then the target."""
     sys.dont_write_bytecode = True  # a target may be a user's own tree; a remote worker lacks our environment
-    started = time.perf_counter()
+    torch_s = _torch_import_s()
     import torch
 
-    torch_s = time.perf_counter() - started
     torch.set_num_threads(1)
     from harness.errors import TargetLoadError
     from harness.runner import state  # noqa: F401 — the judge's tools and modes, taken before any target
@@ -186,6 +196,7 @@ def _role(roles: dict[str, str], regression: str) -> Any:
 
 class CaseFile(pytest.File):
     def collect(self):  # type: ignore[no-untyped-def]
+        _torch_import_s()  # before the cases' modules import it
         from cases.case import Case
         from cases.clients import needs_megatron
 
