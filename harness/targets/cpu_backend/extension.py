@@ -48,7 +48,8 @@ _IMPORTED_OTHER = re.compile(rf"^\s*import ({EXTENSION}_\w+)", re.MULTILINE)
 
 
 def _package_files(te_dir: Path) -> list[Path]:
-    return sorted(path for path in te_dir.rglob("*.py") if path.relative_to(te_dir).parts[0] not in NOT_SCANNED)
+    return sorted(path for path in te_dir.rglob("*.py")
+                  if path.relative_to(te_dir).parts[0] not in NOT_SCANNED and path.is_file())  # a fork's odd entries
 
 
 @functools.cache
