@@ -17,7 +17,10 @@ backend computes on:
   input with `x.cuda()`; `utils._empty_tensor()` is `torch.Tensor().cuda()`) returns the tensor
   as it is, and `torch.empty/zeros/ones/full(..., device="cuda")` called from them allocate on
   the CPU (the cuBLAS workspace up to 2.12; 2.6's FP8 recipe state, which its fused
-  linear+bias op builds even with FP8 off). Called from anywhere else, they are torch's own;
+  linear+bias op builds even with FP8 off), and `torch.cuda.Stream()` called from them is
+  torch's CPU stream, `torch.cpu.Stream()`, which does nothing (2.5-2.9's CPU-offload handler
+  makes two streams even with offloading off, and Megatron's TransformerBlock builds that
+  handler). Called from anywhere else, they are torch's own;
 
 and, after import (`answer_te_device_queries`), one of TE's helpers:
 - `canonicalize_device(None)`, "the default CUDA device", which releases up to 2.12 move an
@@ -135,6 +138,18 @@ def _factory_from_te(te_dir: str, original: Any) -> Any:
     return factory
 
 
+def _stream_from_te(te_dir: str, original: type) -> type:
+    class Stream(original):  # type: ignore[misc, valid-type]  # still a type: isinstance and annotations work
+        def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+            if sys._getframe(1).f_code.co_filename.startswith(te_dir):
+                return torch.cpu.Stream()
+            return super().__new__(cls, *args, **kwargs)
+
+    Stream.__module__, Stream.__qualname__ = original.__module__, original.__qualname__
+    Stream.answered_by_cpu_backend = True  # type: ignore[attr-defined]
+    return Stream
+
+
 def install(te_dir: Path) -> list[str]:
     """Answer the queries above in torch.cuda, and TE's own `tensor.cuda()` (once per process);
     returns what is answered. A CUDA build of torch with a device keeps its own answers."""
@@ -146,5 +161,7 @@ def install(te_dir: Path) -> list[str]:
         torch.Tensor.cuda = _cuda_from_te(str(te_dir), torch.Tensor.cuda)  # type: ignore[method-assign]
         for name in FACTORIES:
             setattr(torch, name, _factory_from_te(str(te_dir), getattr(torch, name)))
+        torch.cuda.Stream = _stream_from_te(str(te_dir), torch.cuda.Stream)  # type: ignore[misc, assignment]
     return ([f"torch.cuda.{name}" for name in ANSWERS]
-            + [f"torch.{name}(device='cuda') and torch.Tensor.cuda from the target's files" for name in FACTORIES])
+            + [f"torch.{name}(device='cuda') and torch.Tensor.cuda from the target's files" for name in FACTORIES]
+            + ["torch.cuda.Stream() from the target's files"])
