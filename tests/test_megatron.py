@@ -73,10 +73,12 @@ def check_completes_and_matches(report: dict) -> None:
         assert result["structure"] and all(ops == TE_FUSED_NORM for ops in result["structure"]), result["structure"]
 
 
-def test_block_builds_on_a_release_whose_offload_handler_makes_cuda_streams(run_target) -> None:
+@pytest.mark.parametrize("spec", ["te-2.8.0", "te-2.9.0"])
+def test_block_builds_on_releases_that_name_cuda_streams_and_synchronize(run_target, spec: str) -> None:
     """2.5-2.9's CPU-offload handler makes two torch.cuda.Stream()s even with offloading off,
-    and Megatron's TransformerBlock builds it: from TE's files a stream is the CPU's."""
-    check_crashes_only_under_recompute(run_target("te-2.9.0"))
+    and Megatron's TransformerBlock builds it; 2.5-2.8's get_extra_state (every state_dict of a
+    TE op) calls torch.cuda.synchronize(). From TE's files both are the CPU's."""
+    check_crashes_only_under_recompute(run_target(spec))
 
 
 def test_unpatched_release_crashes_only_under_recompute(run_target) -> None:

@@ -20,7 +20,9 @@ backend computes on:
   linear+bias op builds even with FP8 off), and `torch.cuda.Stream()` called from them is
   torch's CPU stream, `torch.cpu.Stream()`, which does nothing (2.5-2.9's CPU-offload handler
   makes two streams even with offloading off, and Megatron's TransformerBlock builds that
-  handler). Called from anywhere else, they are torch's own;
+  handler), and `torch.cuda.synchronize()` called from them returns at once, as the CPU's
+  work is done when a call returns (2.5-2.8's `BasicOperation.get_extra_state`, which every
+  `state_dict()` of a TE op runs). Called from anywhere else, they are torch's own;
 
 and, after import (`answer_te_device_queries`), one of TE's helpers:
 - `canonicalize_device(None)`, "the default CUDA device", which releases up to 2.12 move an
@@ -150,6 +152,16 @@ def _stream_from_te(te_dir: str, original: type) -> type:
     return Stream
 
 
+def _synchronize_from_te(te_dir: str, original: Any) -> Any:
+    @functools.wraps(original)
+    def synchronize(*args: Any, **kwargs: Any) -> None:
+        if not sys._getframe(1).f_code.co_filename.startswith(te_dir):
+            original(*args, **kwargs)
+
+    synchronize.answered_by_cpu_backend = True  # type: ignore[attr-defined]
+    return synchronize
+
+
 def install(te_dir: Path) -> list[str]:
     """Answer the queries above in torch.cuda, and TE's own `tensor.cuda()` (once per process);
     returns what is answered. A CUDA build of torch with a device keeps its own answers."""
@@ -162,6 +174,7 @@ def install(te_dir: Path) -> list[str]:
         for name in FACTORIES:
             setattr(torch, name, _factory_from_te(str(te_dir), getattr(torch, name)))
         torch.cuda.Stream = _stream_from_te(str(te_dir), torch.cuda.Stream)  # type: ignore[misc, assignment]
+        torch.cuda.synchronize = _synchronize_from_te(str(te_dir), torch.cuda.synchronize)
     return ([f"torch.cuda.{name}" for name in ANSWERS]
             + [f"torch.{name}(device='cuda') and torch.Tensor.cuda from the target's files" for name in FACTORIES]
-            + ["torch.cuda.Stream() from the target's files"])
+            + ["torch.cuda.Stream() and torch.cuda.synchronize() from the target's files"])
