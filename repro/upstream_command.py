@@ -11,36 +11,48 @@ come from pytest's junit XML, written to a temporary directory (never into the c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import subprocess
 import sys
 import tempfile
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 from tabulate import tabulate
 
 from harness import targets
 from harness.errors import UsageError
-from harness.targets import sources
+from harness.targets import revisions, sources
 
 FUSER_TESTS = "tests/pytorch/test_fusible_ops.py"
 CPU_TESTS = "TestSequentialContainer or cpu"
 EXAMPLE = "example: repro upstream-tests --target path:../TransformerEngine  (or --tests DIR --target te-2.13.0)"
 
 
-def _tests_file(args: argparse.Namespace) -> Path:
+@contextlib.contextmanager
+def _tests_file(args: argparse.Namespace) -> Iterator[Path]:
+    """The test file to run: from --tests, else from the first path: target, at its revision
+    where it names one (`path:DIR@REV`: exported with git into a temporary directory)."""
+    rev = None
     if args.tests:
         root = Path(args.tests).expanduser()
     else:
         paths = [targets.parse_spec(s) for s in args.target if targets.parse_spec(s).kind == "path"]
         if not paths:
             raise UsageError(f"no checkout to take the tests from: give --tests DIR or a path: target; {EXAMPLE}")
-        root = Path(paths[0].value).expanduser()
+        directory, rev = revisions.split(paths[0].value)
+        root = Path(directory).expanduser()
+    if rev is not None:
+        with tempfile.TemporaryDirectory(prefix="repro-upstream-tests-") as tmp:
+            exported = revisions.export_path(root, rev, str(Path(FUSER_TESTS).parent), Path(tmp))
+            yield exported / Path(FUSER_TESTS).name
+        return
     found = root / FUSER_TESTS
     if not found.is_file():
         raise UsageError(f"{root} has no {FUSER_TESTS}; give a TE git checkout (the wheel ships no tests)")
-    return found.resolve()
+    yield found.resolve()
 
 
 def _counts(junit: Path) -> dict[str, int]:
@@ -73,7 +85,11 @@ def run_upstream_tests(spec: str, tests: Path, keyword: str, extra: list[str], a
 
 
 def cmd_upstream_tests(args: argparse.Namespace) -> int:
-    tests = _tests_file(args)
+    with _tests_file(args) as tests:
+        return _run_all(args, tests)
+
+
+def _run_all(args: argparse.Namespace, tests: Path) -> int:
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     rows, worst = [], 0
     for spec in args.target:

@@ -5,9 +5,12 @@ says FP8 is unavailable on the CPU backend), one that fails, and one the default
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from conftest import repro
+
+from harness import targets
 
 TESTS = '''
 import pytest
@@ -50,3 +53,21 @@ def test_counts_per_target(tmp_path: Path) -> None:
 def test_without_a_tests_file_is_one_line_exit_2(tmp_path: Path) -> None:
     result = repro("upstream-tests", "--tests", str(tmp_path), "--target", "te-2.13.0", check_rc=2)
     assert len(result.stderr.strip().splitlines()) == 1 and "tests/pytorch/test_fusible_ops.py" in result.stderr
+
+
+def test_a_revision_target_runs_that_revisions_tests(tmp_path: Path, cache: Path) -> None:
+    """`--target path:DIR@REV` takes the tests of REV, not the work tree's, and leaves the checkout as it was."""
+    from tests.forks import git
+
+    checkout = _checkout(tmp_path)
+    source = Path(targets.prepare("te-2.13.0", cache).root or "") / "transformer_engine"
+    shutil.copytree(source, checkout / "transformer_engine", ignore=shutil.ignore_patterns("__pycache__"))
+    git(checkout, "init", "-q", "-b", "main")
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-q", "-m", "tests with a failure")
+    (checkout / "tests" / "pytorch" / "test_fusible_ops.py").write_text(TESTS.split("def test_cpu_fp8")[0])
+    git(checkout, "commit", "-q", "-am", "only the passing test")
+    result = repro("upstream-tests", "--target", f"path:{checkout}@HEAD~1", check_rc=1)
+    row = next(line.split()[1:] for line in result.stdout.splitlines() if line.startswith("path:"))
+    assert row == ["1", "1", "1", "FAILED"], result.stdout
+    assert git(checkout, "status", "--porcelain") == ""

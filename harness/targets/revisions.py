@@ -31,11 +31,8 @@ def _git(directory: Path, *args: str, binary: bool = False) -> subprocess.Comple
                           check=False, env=env, timeout=120)
 
 
-def export(directory: Path, rev: str, cache: Path) -> tuple[Path, dict[str, str]]:
-    """The tree of `rev` in the git repository holding `directory`, under cache/revisions/
-    (once per commit), and its provenance: commit, the name given, clean (a commit has no
-    uncommitted changes), and where it came from."""
-    directory = directory.expanduser().resolve()
+def _commit(directory: Path, rev: str) -> tuple[str, str]:
+    """(commit, tree-ish of `directory` at it) for `rev` in the git repository holding `directory`."""
     if not directory.is_dir():
         raise UsageError(f"path:{directory}@{rev}: {directory} is not a directory")
     commit = _git(directory, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
@@ -44,7 +41,35 @@ def export(directory: Path, rev: str, cache: Path) -> tuple[Path, dict[str, str]
                          " (give a branch, tag or commit, e.g. path:DIR@HEAD~1)")
     sha = commit.stdout.strip()
     prefix = _git(directory, "rev-parse", "--show-prefix").stdout.strip()
-    tree_ish = f"{sha}:{prefix}" if prefix else sha
+    return sha, (f"{sha}:{prefix}" if prefix else sha)
+
+
+def _extract(directory: Path, rev: str, tree_ish: str, names: list[str], dest: Path) -> None:
+    archive = _git(directory, "archive", "--format=tar", tree_ish, "--", *names, binary=True)
+    if archive.returncode != 0:
+        raise UsageError(f"path:{directory}@{rev}: git archive failed: "
+                         f"{archive.stderr.decode(errors='replace').strip()}")
+    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+
+
+def export_path(directory: Path, rev: str, name: str, dest: Path) -> Path:
+    """One path of `directory` at `rev` (e.g. `tests/pytorch`), extracted under `dest`; returns it there."""
+    directory = directory.expanduser().resolve()
+    sha, tree_ish = _commit(directory, rev)
+    if _git(directory, "cat-file", "-e", f"{tree_ish}/{name}" if ":" in tree_ish else f"{tree_ish}:{name}").returncode:
+        raise UsageError(f"path:{directory}@{rev}: commit {sha[:12]} has no {name}")
+    _extract(directory, rev, tree_ish, [name], dest)
+    return dest / name
+
+
+def export(directory: Path, rev: str, cache: Path) -> tuple[Path, dict[str, str]]:
+    """The tree of `rev` in the git repository holding `directory`, under cache/revisions/
+    (once per commit), and its provenance: commit, the name given, clean (a commit has no
+    uncommitted changes), and where it came from."""
+    directory = directory.expanduser().resolve()
+    sha, tree_ish = _commit(directory, rev)
+    prefix = tree_ish.partition(":")[2]
     final = cache / "revisions" / f"{sha[:16]}-{sources.short_hash(prefix.encode())}"
     provenance = {"git_commit": sha, "git_branch": rev, "git_state": "clean", "revision": f"{directory}@{rev}"}
     if (final / sources.FUSER_RELPATH).is_file():
@@ -56,15 +81,10 @@ def export(directory: Path, rev: str, cache: Path) -> tuple[Path, dict[str, str]
         wanted = [name for name in EXPORTED if name in listed]
         if "transformer_engine" not in wanted:
             raise UsageError(f"path:{directory}@{rev}: commit {sha[:12]} has no transformer_engine/ there")
-        archive = _git(directory, "archive", "--format=tar", tree_ish, "--", *wanted, binary=True)
-        if archive.returncode != 0:
-            raise UsageError(f"path:{directory}@{rev}: git archive failed: "
-                             f"{archive.stderr.decode(errors='replace').strip()}")
         final.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{final.name}-") as tmp:
             staged = Path(tmp) / "tree"
-            with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-                tar.extractall(staged, filter="data")
+            _extract(directory, rev, tree_ish, wanted, staged)
             sources.check_source_tree(staged)
             staged.rename(final)
     return final, provenance
