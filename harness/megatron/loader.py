@@ -97,7 +97,7 @@ def _kernel_standin(name: str, root: Path, target_spec: str) -> StrictModule | N
                 continue
         elif isinstance(node, ast.FunctionDef):
             symbols[node.name] = _refuse_kernel(f"{name}.{node.name}")
-    return StrictModule(name, target_spec, symbols, {})
+    return StrictModule(name, target_spec, symbols)
 
 
 def _refuse_kernel(qualname: str) -> Any:

@@ -19,12 +19,12 @@ import importlib.util
 import inspect
 import re
 import sys
-import traceback
 import types
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from harness.engine.frames import innermost_te_frame
 from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
 from harness.targets.cpu_backend import boundary, device, extension
@@ -87,11 +87,7 @@ def _importing_line(exc: BaseException, te_dir: Path) -> str:
     the file a SyntaxError is in): the statement that failed, as the fork's author sees it."""
     if isinstance(exc, SyntaxError) and exc.filename:
         return f"{_relative(exc.filename, te_dir)}:{exc.lineno}"
-    where = ""
-    for frame, line in traceback.walk_tb(exc.__traceback__):
-        if Path(frame.f_code.co_filename).resolve().is_relative_to(te_dir.resolve()):
-            where = f"{_relative(frame.f_code.co_filename, te_dir)}:{line}"
-    return where
+    return innermost_te_frame(exc, te_dir) or ""
 
 
 def _relative(filename: str, te_dir: Path) -> str:
@@ -146,7 +142,7 @@ def _fork_standins(prepared: PreparedTarget, te_dir: Path) -> None:
                 module_name.split(".")[0]) is not None):
             raise TargetLoadError(f"target {prepared.spec}: fork config stands in {module_name}, but the "
                                   "target or the environment has the real module; remove it from [standins]")
-        module = StrictModule(module_name, prepared.spec, {}, {})
+        module = StrictModule(module_name, prepared.spec, {})
         module.__dict__.update({symbol: _standin_value(module_name, symbol, kind) for symbol, kind in symbols.items()})
         sys.modules[module_name] = module
 

@@ -9,7 +9,6 @@ Megatron's own Triton kernel module (harness/megatron/loader.py). Any other name
 from __future__ import annotations
 
 import types
-from collections.abc import Callable
 from typing import Any
 
 from harness.errors import FidelityError
@@ -22,22 +21,12 @@ class StrictModule(types.ModuleType):
     `inspect`, and through it `torch.utils.checkpoint`, probe them on every module.
     """
 
-    def __init__(self, name: str, target: str, symbols: dict[str, Any], prefixes: dict[str, Any]):
+    def __init__(self, name: str, target: str, symbols: dict[str, Any]):
         super().__init__(name)
         self.__dict__.update(symbols)
         self.__dict__["_standin_target"] = target
-        self.__dict__["_standin_prefixes"] = prefixes
-
-    # Set while a client that probes optional names (Megatron) is imported: it gets the
-    # error to raise instead, one that also reads as "absent" to hasattr and try/except ImportError.
-    probe_hook: Callable[[str, str, str], Exception] | None = None
 
     def __getattr__(self, symbol: str) -> Any:
         if symbol.startswith("__") and symbol.endswith("__"):
             raise AttributeError(symbol)
-        for prefix, factory in self._standin_prefixes.items():
-            if symbol.startswith(prefix):
-                return factory(symbol)
-        if StrictModule.probe_hook is not None:
-            raise StrictModule.probe_hook(self._standin_target, self.__name__, symbol)
         raise FidelityError(self._standin_target, self.__name__, symbol)
