@@ -33,6 +33,7 @@ and, after import (`answer_te_device_queries`), one of TE's helpers:
 from __future__ import annotations
 
 import functools
+import os
 import sys
 import types
 from pathlib import Path
@@ -112,9 +113,14 @@ def answer_te_device_queries(modules: dict[str, types.ModuleType]) -> list[str]:
     return answered
 
 
+def _called_from(te_dir: str) -> bool:
+    """Whether the caller of the function calling this is one of the target's own files."""
+    return sys._getframe(2).f_code.co_filename.startswith(te_dir + os.sep)
+
+
 def _cuda_from_te(te_dir: str, original: Any) -> Any:
     def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-        if sys._getframe(1).f_code.co_filename.startswith(te_dir):
+        if _called_from(te_dir):
             return self
         return original(self, *args, **kwargs)
 
@@ -132,7 +138,7 @@ def _is_cuda(device: Any) -> bool:
 def _factory_from_te(te_dir: str, original: Any) -> Any:
     @functools.wraps(original)
     def factory(*args: Any, **kwargs: Any) -> torch.Tensor:
-        if _is_cuda(kwargs.get("device")) and sys._getframe(1).f_code.co_filename.startswith(te_dir):
+        if _is_cuda(kwargs.get("device")) and _called_from(te_dir):
             kwargs["device"] = "cpu"
         return original(*args, **kwargs)
 
@@ -143,7 +149,7 @@ def _factory_from_te(te_dir: str, original: Any) -> Any:
 def _stream_from_te(te_dir: str, original: type) -> type:
     class Stream(original):  # type: ignore[misc, valid-type]  # still a type: isinstance and annotations work
         def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-            if sys._getframe(1).f_code.co_filename.startswith(te_dir):
+            if _called_from(te_dir):
                 return torch.cpu.Stream()
             return super().__new__(cls, *args, **kwargs)
 
@@ -155,7 +161,7 @@ def _stream_from_te(te_dir: str, original: type) -> type:
 def _synchronize_from_te(te_dir: str, original: Any) -> Any:
     @functools.wraps(original)
     def synchronize(*args: Any, **kwargs: Any) -> None:
-        if not sys._getframe(1).f_code.co_filename.startswith(te_dir):
+        if not _called_from(te_dir):
             original(*args, **kwargs)
 
     synchronize.answered_by_cpu_backend = True  # type: ignore[attr-defined]
