@@ -38,9 +38,16 @@ class Verdict(StrEnum):
     UNEXPECTED_PASS = "unexpected_pass"  # an affected case passes on a target expected to have the bug
     HARNESS_ERROR = "harness_error"
     NOT_APPLICABLE = "not_applicable"
+    # Another catalogue regression's exact symptom, on a tree expected to have that bug: named
+    # (`attributed_to`), never counted for or against the regression whose case it is.
+    KNOWN_BUG = "known_bug"
+    # The case did not apply, yet the tree looks as if it should have (an op it lacks is there
+    # under another name): the regression was not judged there.
+    NOT_JUDGED = "not_judged"
 
 
-BAD_VERDICTS = frozenset({Verdict.OTHER_FAILURE, Verdict.REGRESSION, Verdict.UNEXPECTED_PASS, Verdict.HARNESS_ERROR})
+BAD_VERDICTS = frozenset({Verdict.OTHER_FAILURE, Verdict.REGRESSION, Verdict.UNEXPECTED_PASS, Verdict.HARNESS_ERROR,
+                          Verdict.NOT_JUDGED})
 
 
 class Role(StrEnum):
@@ -99,7 +106,10 @@ class CaseResult(BaseModel):
     role: Role
     verdict: Verdict
     verdict_reason: str = ""
+    attributed_to: str | None = None  # the catalogue regression whose symptom the failure is, when not this one
+    symptom: bool | None = None  # the predicted symptom of the case's own regression was observed, whatever the role
     note: str | None = None
+    coverage_gap: str | None = None  # a not-applicable case the tree may hold under another name (the verdict says so)
     duration_s: float = 0.0
     # Whether `repro show --script --standalone` can write this case's steps, and why not.
     standalone: bool | None = None

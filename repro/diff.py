@@ -1,13 +1,15 @@
 """Compare two runs the way `asv compare` does: a header that says what is compared (both
 runs' targets, their provenance and fuser.py hashes, how many results were paired), then
-per paired (target, case) the new regressions, newly fixed cases, new and removed cases and
-other changes, kept apart.
+per paired (target, case) the changes, kept apart by kind.
 
 Targets are paired by `--map A=B`, else by the same spec, else by the same role when that
 role is held by one target in each run (two worktrees of a fork have different specs). A
-result changes when its outcome, verdict, error type, error location or failed checks
-differ. A new regression is a paired case that passed and now fails, whatever the roles,
-or whose verdict now needs a person; a new case that fails is one too.
+result is compared by its signature: pass, not run (not applicable or not judged), or a
+failure's outcome, error type and location and failed checks. The kinds (`kind_of`):
+pass → fail is a `new failure`; fail → pass `newly fixed`; one failure → another `changed
+failure` (a change that needs a look, never "passed at base"); ran → not run `stopped running`
+(lost coverage); not run → pass `started running`; a verdict that changed on the same signature
+(a role changed) `other change`.
 """
 
 from __future__ import annotations
@@ -18,11 +20,14 @@ from typing import Any
 from tabulate import tabulate
 
 from harness.errors import UsageError
+from harness.runner.textsafe import printable
 from repro import reports
-from repro.summary import BAD_VERDICTS
 
-KINDS = ("new regression", "newly fixed", "new case", "removed case", "other change")
-PASSING = ("pass", "not_applicable")
+KINDS = ("new failure", "changed failure", "stopped running", "newly fixed", "started running", "new case",
+         "removed case", "other change")
+# The kinds that fail a diff and a review: what the head does worse (lost coverage fails a review unless accepted).
+FAILING_KINDS = ("new failure", "changed failure", "stopped running")
+NOT_RUN = ("not_applicable", "not_judged", "skipped")
 
 
 @dataclass(frozen=True)
@@ -96,18 +101,40 @@ def state(record: dict[str, Any] | None) -> str:
     return text
 
 
+def ran(record: dict[str, Any]) -> bool:
+    return record["outcome"] not in NOT_RUN and record["verdict"] not in NOT_RUN
+
+
+def signature(record: dict[str, Any] | None) -> str:
+    """What a case did, without the verdict: `pass`, `not run`, or the failure's outcome, error and checks."""
+    if record is None:
+        return "-"
+    if not ran(record):
+        return "not run"
+    if record["outcome"] == "pass":
+        return "pass"
+    text = record["outcome"]
+    if error := record.get("error"):
+        text += f" {error.get('type')}" + (f" at {error['location']}" if error.get("location") else "")
+    elif record.get("failed_checks"):
+        text += f" [{', '.join(record['failed_checks'])}]"
+    return text
+
+
 def kind_of(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
     """A pure function of the two stored results (asv's `_is_result_better` in spirit)."""
     if a is None:
-        return "new regression" if b and (b["verdict"] in BAD_VERDICTS) else "new case"
+        return "new failure" if b and ran(b) and b["outcome"] != "pass" else "new case"
     if b is None:
         return "removed case"
-    a_bad, b_bad = a["verdict"] in BAD_VERDICTS, b["verdict"] in BAD_VERDICTS
-    if (b_bad and not a_bad) or (a["outcome"] in PASSING and b["outcome"] not in PASSING):
-        return "new regression"
-    if (a_bad and not b_bad) or (a["outcome"] not in PASSING and b["outcome"] == "pass"):
-        return "newly fixed"
-    return "other change"
+    before, after = signature(a), signature(b)
+    if before == after:
+        return "other change"
+    if after == "not run":
+        return "stopped running"
+    if after == "pass":
+        return "started running" if before == "not run" else "newly fixed"
+    return "new failure" if before in ("pass", "not run") else "changed failure"
 
 
 @dataclass(frozen=True)
@@ -173,8 +200,8 @@ def counts_line(changes: list[Change]) -> str:
 def render_diff(comparison: Comparison, a: dict[str, Any], b: dict[str, Any], fmt: str = "text") -> str:
     lines, rows = header(comparison, a, b)
     changes = comparison.changes
-    change_rows = reports.printable([[c.kind, c.target, c.case_id, c.before, c.after] for c in changes])
-    rows = reports.printable(rows)
+    change_rows = printable([[c.kind, c.target, c.case_id, c.before, c.after] for c in changes])
+    rows = printable(rows)
     change_headers = ["change", "target", "case", "A", "B"]
     if fmt == "md":
         from repro.render_md import code, plain, table
@@ -195,6 +222,7 @@ def render_diff(comparison: Comparison, a: dict[str, Any], b: dict[str, Any], fm
 
 
 def exit_status(changes: list[Change], a: dict[str, Any] | None = None, b: dict[str, Any] | None = None) -> int:
-    """1 on a new regression, or when either run is incomplete (its missing results are no "removed cases")."""
+    """1 on a new or changed failure or lost coverage, or when either run is incomplete (its
+    missing results are no "removed cases")."""
     incomplete = any(run is not None and reports.incomplete_note(run) for run in (a, b))
-    return 1 if incomplete or any(c.kind == "new regression" for c in changes) else 0
+    return 1 if incomplete or any(c.kind in FAILING_KINDS for c in changes) else 0

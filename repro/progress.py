@@ -27,9 +27,9 @@ from rich.progress import Progress as RichProgress
 from repro import reports
 
 # Counters shown live, in this order, when not zero; then the verdicts that need a person.
-LIVE_VERDICTS = ("reproduced", "fixed", "unaffected", "not_applicable")
+LIVE_VERDICTS = ("reproduced", "fixed", "unaffected", "known_bug", "not_applicable")
 STYLES = {"regression": "bold red", "other_failure": "bold red", "unexpected_pass": "bold magenta",
-          "harness_error": "bold red", "reproduced": "blue", "fixed": "green", "unaffected": "dim"}
+          "harness_error": "bold red", "not_judged": "bold red", "known_bug": "yellow", "reproduced": "blue", "fixed": "green", "unaffected": "dim"}
 
 
 def no_color() -> bool:

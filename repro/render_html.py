@@ -154,7 +154,7 @@ def render_html(run: dict[str, Any]) -> str:
     summary = reports.summarize(run)
     return env.get_template("report.html.j2").render(
         title=f"Regression run: {run.get('matrix', '?')}", incomplete=reports.incomplete_note(run),
-        summary=summary, regressions=_regressions(run), bad_verdicts=reports.BAD_VERDICTS,
+        summary=summary, review=run.get("review"), regressions=_regressions(run), bad_verdicts=reports.BAD_VERDICTS,
         env=environment, roles={s: reports.role_text(run, s) for s in reports.target_specs(run)},
         excluded=run.get("excluded") or {}, verdicts=reports.verdict_rows(run, with_time=True),
         totals=reports.totals_rows(run, with_time=False), groups=groups,

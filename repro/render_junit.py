@@ -22,7 +22,7 @@ from repro import reports
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
 MESSAGE_CHARS = 500
 NOT_RUN = ("not_applicable", "skipped")  # outcomes of results that never ran a case
-FAILURE_VERDICTS = ("other_failure", "regression", "unexpected_pass")
+FAILURE_VERDICTS = tuple(v for v in reports.BAD_VERDICTS if v != "harness_error")
 
 
 def _text(value: Any) -> str:
@@ -112,6 +112,26 @@ def _missing_testcase(suite: ET.Element, spec: str, item: dict[str, str]) -> str
     return "error"
 
 
+def _verdict_suite(root: ET.Element, run: dict[str, Any]) -> Counter[str]:
+    """The run's own verdict as one testcase (the review's, for a run a review made): its
+    run-level reasons (a target problem, a regression not judged, results missing, the review's
+    own) fail it, so the dashboard says what the status line says."""
+    summary = reports.summarize(run)
+    suite = ET.SubElement(root, "testsuite", name="verdict", tests="1", skipped="0", time="0",
+                          failures=str(int(summary["status"] != "PASS")), errors="0",
+                          hostname=_text(run["environment"].get("machine") or "unknown"))
+    if timestamp := (run.get("started_at") or "")[:19]:
+        suite.set("timestamp", timestamp)
+    name = "review" if summary.get("review") else "run"
+    case = ET.SubElement(suite, "testcase", classname="repro_verdict", name=name, time="0")
+    if summary["status"] != "PASS":
+        said = summary.get("recommendation") or "; ".join(summary["fail_reasons"])
+        element = ET.SubElement(case, "failure", type="verdict", message=_text(f"FAIL: {said}"[:MESSAGE_CHARS]))
+        element.text = _text("\n".join(summary["fail_reasons"]))
+        return Counter({"failure": 1})
+    return Counter()
+
+
 def render_junit(run: dict[str, Any]) -> str:
     timestamp = (run.get("started_at") or "")[:19]  # xs:dateTime without the zone, as Ant writes it
     hostname = run["environment"].get("machine") or "unknown"
@@ -138,6 +158,8 @@ def render_junit(run: dict[str, Any]) -> str:
         totals.update(kinds)
         totals["tests"] += tests
         total_time += seconds
+    totals.update(_verdict_suite(root, run))
+    totals["tests"] += 1
     root.attrib.update(tests=str(totals["tests"]), failures=str(totals["failure"]), errors=str(totals["error"]),
                        skipped=str(totals["skipped"]), time=f"{total_time:.3f}")
     if timestamp:

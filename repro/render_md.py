@@ -77,7 +77,9 @@ def status_block(run: dict[str, Any], reviewed: bool = False) -> list[str]:
         facts.append(f"{summary['excluded']} infeasible combinations not run")
     if not reviewed and (elapsed := _elapsed(summary.get("elapsed_s"))):
         facts.append(elapsed)
-    lines = [f"**{mark} {summary['status']}**: " + ", ".join(facts)
+    lines = [f"**{mark} {summary['status']} — review: {plain(summary['recommendation'])}**", ""] \
+        if summary.get("recommendation") else []
+    lines += [f"**{mark} {summary['status']}**: " + ", ".join(facts)
              + (f". Failing because: {', '.join(summary['fail_reasons'])}." if summary["fail_reasons"] else "."), ""]
     for regression, said in reports.headlines(run).items():
         info = reports.regression_info(run, regression)

@@ -10,7 +10,7 @@ from pathlib import Path
 from harness.errors import UsageError
 from harness.runner import rundir
 from harness.targets import sources
-from repro import reports, validate
+from repro import formats, reports, validate
 
 
 def write_stdout(text: str) -> None:
@@ -40,12 +40,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.output:
         rundir.check_report_output(Path(args.output), Path(args.run_dir))
         rundir.check_regular_output(Path(args.output), "-o")
-    reports.check_step_summary()
+    formats.check_step_summary()
     run = reports.load_run(Path(args.run_dir))
     if args.output:
         validate.check_out(Path(args.output), reports.target_specs(run), sources.cache_path())
-    _write(reports.render(run, args.format), args.output)
-    reports.append_step_summary(run)  # GitHub Actions: the summary on the job's page
+    _write(formats.render(run, args.format), args.output)
+    formats.append_step_summary(run)  # GitHub Actions: the summary on the job's page
     if note := reports.incomplete_note(run):
         print(f"repro: {note}", file=sys.stderr)
     return 0
@@ -95,7 +95,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p = sub.add_parser("report", help="render a run dir as Markdown, HTML, JUnit XML, JSON or a CI summary",
                        epilog="example: repro report runs/issue22 --format html -o report.html")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run dir (run.json, or results.jsonl if unfinished)")
-    p.add_argument("--format", choices=reports.FORMATS, default="md",
+    p.add_argument("--format", choices=formats.FORMATS, default="md",
                    help="md (default): for a pull request; verdict-md: the reviewed report, without timings or"
                         " machine details; summary: the short form that $GITHUB_STEP_SUMMARY also gets when set")
     p.add_argument("-o", "--output", metavar="FILE", help="write here (default: stdout)")

@@ -13,7 +13,6 @@ report can say how many are missing.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 from collections import Counter, defaultdict
 from pathlib import Path
@@ -23,15 +22,15 @@ from pydantic import ValidationError
 
 from harness.errors import UsageError
 from harness.model import SCHEMA, Run
-from harness.runner import rundir
-from harness.runner.textsafe import printable, safe_value
+from harness.runner import rundir, status
+from harness.runner.status import counts, summarize, target_specs
+from harness.runner.textsafe import safe_value
 
-FORMATS = ("md", "verdict-md", "summary", "html", "junit", "json")
 OUTCOMES = ("pass", "crash", "wrong_output", "wrong_grad", "side_effect", "harness_error", "not_applicable",
             "skipped")
-VERDICTS = ("reproduced", "fixed", "unaffected", "other_failure", "regression", "unexpected_pass", "harness_error",
-            "not_applicable", "skipped")
-BAD_VERDICTS = ("other_failure", "regression", "unexpected_pass", "harness_error")
+# The run model's verdicts, in its order, and those that need a person (harness/runner/status.py).
+VERDICTS = status.VERDICTS
+BAD_VERDICTS = status.BAD
 # The axes a result may carry, in the order a case id is built from them; a run's own
 # `axes` ({axis: [values]}), when it stores them, takes precedence.
 AXIS_FIELDS = ("client", "pipeline", "grad_mode", "input", "params", "recompute", "sequence", "grad_form", "dtype",
@@ -126,41 +125,7 @@ def _bare_target(spec: str, run_dir: Path, meta: dict[str, Any]) -> dict[str, An
             "description": description.read_text() if description.is_file() else ""}
 
 
-# ---- the summary object ----
-
-def summarize(run: dict[str, Any]) -> dict[str, Any]:
-    """The run's status and counts, from the stored results only (a pure function).
-
-    FAIL when a verdict needs a person (BAD_VERDICTS) or the run is incomplete."""
-    verdicts = Counter(r["verdict"] for r in run["results"])
-    bad = sum(verdicts[v] for v in BAD_VERDICTS)
-    missing = run.get("missing") or 0
-    complete = bool(run.get("complete", True)) and not missing
-    reasons = [f"{verdicts[v]} {v}" for v in BAD_VERDICTS if verdicts[v]]
-    reasons += [p["problem"] for p in run.get("target_problems") or []]
-    if not complete:
-        reasons.append(f"incomplete: {missing if run.get('missing') is not None else 'unknown number of'}"
-                       " results missing")
-    excluded = sum(n for by_reason in (run.get("excluded") or {}).values() for n in by_reason.values())
-    ran = [r for r in run["results"] if r["outcome"] != "skipped"]  # repro.run/1 stored infeasible cases as skipped
-    excluded += len({r["case_id"] for r in run["results"]} - {r["case_id"] for r in ran})
-    return {
-        "status": "FAIL" if reasons else "PASS", "fail_reasons": reasons,
-        "results": len(ran), "cases": len({r["case_id"] for r in ran}),
-        "targets": len(target_specs(run)), "missing": run.get("missing"), "complete": complete,
-        "excluded": excluded, "needs_attention": bad,
-        "verdicts": {v: verdicts[v] for v in VERDICTS if verdicts[v]},
-        "by_target": {spec: dict(c) for spec, c in counts(run, "verdict").items()},
-        "elapsed_s": run.get("elapsed_s", (run.get("summary") or {}).get("elapsed_s")),
-    }
-
-
 # ---- views shared by the formats ----
-
-def target_specs(run: dict[str, Any]) -> list[str]:
-    specs = [t["spec"] for t in run["environment"]["targets"]]
-    return specs + [s for s in dict.fromkeys(r["target"] for r in run["results"]) if s not in specs]
-
 
 def roles(run: dict[str, Any]) -> dict[str, dict[str, str]]:
     """Per target, its role for each regression (from the environment, else from the results)."""
@@ -257,13 +222,6 @@ def incomplete_note(run: dict[str, Any]) -> str | None:
         return (f"INCOMPLETE: the run did not finish (no run.json); {run.get('found_results', 0)} results found"
                 f" in results.jsonl, {count} results missing.")
     return f"INCOMPLETE: {count} results missing from this run."
-
-
-def counts(run: dict[str, Any], field: str) -> dict[str, Counter[str]]:
-    table: dict[str, Counter[str]] = {spec: Counter() for spec in target_specs(run)}
-    for record in run["results"]:
-        table[record["target"]][record[field]] += 1
-    return table
 
 
 def verdict_rows(run: dict[str, Any], with_time: bool) -> tuple[list[str], list[list[Any]]]:
@@ -422,84 +380,3 @@ def reproduce_command(case_id: str, target: str, standalone: bool) -> str:
     """Write the reproducer and run it: the standalone one through `repro exec`, else the harness's script."""
     run = shlex.join(["repro", "exec", "--target", target, "--", "python", "case.py"]) if standalone else "python case.py"
     return f"{show_command(case_id, target, standalone)} > case.py && {run}"
-
-
-# ---- formats ----
-
-def render(run: dict[str, Any], fmt: str, paths: dict[str, str] | None = None) -> str:
-    # JSON escapes control characters itself; every other format shows the run's text printable.
-    return _render_shown(run if fmt == "json" else printable(run), fmt, paths)
-
-
-def _render_shown(run: dict[str, Any], fmt: str, paths: dict[str, str] | None = None) -> str:
-    # Imported here: the renderers import this module's views.
-    if fmt == "md":
-        from repro.render_md import render_markdown
-
-        return render_markdown(run)
-    if fmt == "verdict-md":
-        from repro.render_md import render_verdict_markdown
-
-        return render_verdict_markdown(run)
-    if fmt == "summary":
-        from repro.render_md import render_step_summary
-
-        return render_step_summary(run, paths)
-    if fmt == "html":
-        from repro.render_html import render_html
-
-        return render_html(run)
-    if fmt == "junit":
-        from repro.render_junit import render_junit
-
-        return render_junit(run)
-    if fmt == "json":
-        return json.dumps(run, indent=1) + "\n"
-    raise UsageError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
-
-
-REPORT_FILES = {"report.md": "md", "report.html": "html", "junit.xml": "junit"}
-
-
-def write_all_formats(run: dict[str, Any], out_dir: Path, shown: dict[str, Any] | None = None) -> dict[str, str]:
-    """report.md, report.html and junit.xml beside the run's run.json; returns {name: path}.
-    `shown`: `printable(run)`, where the caller has made it (a pass over a large run takes a
-    second; one serves every format). Appends the summary to $GITHUB_STEP_SUMMARY when that
-    is set (GitHub Actions)."""
-    out_dir = Path(out_dir)
-    paths = {}
-    shown = printable(run) if shown is None else shown
-    for name, fmt in REPORT_FILES.items():
-        rundir.write_atomic(out_dir / name, _render_shown(shown, fmt))
-        paths[name] = str(out_dir / name)
-    append_step_summary(run, paths)
-    return paths
-
-
-def check_step_summary() -> None:
-    """Before a run: a $GITHUB_STEP_SUMMARY that is set must be a file this process can append
-    to (GitHub creates it); a bad one is found now, not after the whole run."""
-    target = os.environ.get("GITHUB_STEP_SUMMARY")
-    if not target:
-        return
-    path = Path(target)
-    if path.exists():
-        problem = None if path.is_file() and os.access(path, os.W_OK) else (
-            "not a regular file" if not path.is_file() else "not writable")
-    else:
-        problem = None if path.parent.is_dir() and os.access(path.parent, os.W_OK) else "in no writable directory"
-    if problem:
-        raise UsageError(f"$GITHUB_STEP_SUMMARY {target} is {problem}; unset it or point it at a file to append to")
-
-
-def append_step_summary(run: dict[str, Any], paths: dict[str, str] | None = None) -> str | None:
-    """The `summary` format appended to $GITHUB_STEP_SUMMARY; returns its path, None when unset."""
-    target = os.environ.get("GITHUB_STEP_SUMMARY")
-    if not target:
-        return None
-    try:
-        with open(target, "a", encoding="utf-8") as handle:
-            handle.write(render(run, "summary", paths))
-    except OSError as exc:
-        raise UsageError(f"cannot append to $GITHUB_STEP_SUMMARY {target} ({exc.strerror})") from None
-    return target

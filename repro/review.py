@@ -1,21 +1,28 @@
 """The upstream-sync review of a stored run (base and head, each with the patches that
-apply): per regression, the state at base and at head, each patch's status at both, whether
-the backport can be dropped, the cases whose result changed from base to head, and both
-trees' provenance. A pure function of the stored run and the patch assessments."""
+apply): one verdict and one recommendation, per regression the state at base and at head and
+what to do with each patch, the cases whose result changed grouped by signature, and both
+trees' provenance. A pure function of the stored run and the patch assessments.
+
+The verdict is the review's, and the run's own reports carry it (`run["review"]`): FAIL when
+the head does something base did not (a new or changed failure, lost coverage, a bug back, a
+bad verdict, a target problem, a regression it could not judge), when a declared expectation
+is not met, or when results are missing. What base and head share equally is a warning.
+"""
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from typing import Any
 
 from harness.runner.completeness import incomplete_reason
 from harness.runner.expectations import unmet
+from harness.runner.status import BAD, JUDGED, known_bug_counts, unjudged
 from repro import diff, reports
-from repro.render_md import code, details, fit, plain, table
 
-NOT_RUN = ("not_applicable", "harness_error")
-CHANGES_LISTED = 50  # in the table; up to CHANGES_DETAILED more in <details>, all in review.json
-CHANGES_DETAILED = 400
+EXAMPLES = 2  # example case ids per group of changes
+GROUPS_LISTED = 12  # groups of changes in review.md's table; all are in review.json
+DROP = "drop the backport"
 
 
 def _only(run: dict[str, Any], spec: str) -> dict[str, Any]:
@@ -25,43 +32,123 @@ def _only(run: dict[str, Any], spec: str) -> dict[str, Any]:
             "results": [r for r in run["results"] if r["target"] == spec]}
 
 
+def labels(run: dict[str, Any], base: str, head: str) -> dict[str, str]:
+    """Short names for the review's targets: base, head, base+PATCH, head+PATCH."""
+    found = {base: "base", head: "head"}
+    for spec in reports.target_specs(run):
+        for tree, name in ((base, "base"), (head, "head")):
+            if spec.startswith(f"{tree}+"):
+                found[spec] = f"{name}+{spec[len(tree) + 1:]}"
+    return found
+
+
 def target_state(run: dict[str, Any], spec: str, regression: str) -> dict[str, Any]:
-    """A target's role (and why) for a regression, and what its affected cases did."""
+    """A target's role (and why) for a regression, and what its cases did, counted by verdict:
+    "reproduces" counts only the predicted symptom."""
     target = reports.target_info(run, spec)
-    ran = [r for r in run["results"] if r["target"] == spec and r["regression"] == regression
-           and r["outcome"] not in NOT_RUN]
-    affected = [r for r in ran if r["expected"] == "affected"]
-    failing = sum(r["outcome"] != "pass" for r in affected)
-    bad = Counter(r["verdict"] for r in ran if r["verdict"] in reports.BAD_VERDICTS)
+    records = [r for r in run["results"] if r["target"] == spec and r["regression"] == regression]
+    judged = [r for r in records if r["verdict"] in JUDGED]
+    affected = [r for r in judged if r["expected"] == "affected"]
+    verdicts = Counter(r["verdict"] for r in affected)
+    symptom = sum(bool(r.get("symptom")) or r["verdict"] == "reproduced" for r in affected)
+    bad = Counter(r["verdict"] for r in records if r["verdict"] in BAD)
     role = (target.get("roles") or {}).get(regression, "?")
-    if not affected:
-        said = f"no affected case ran ({len(ran)} cases)"
-    elif failing:
-        said = f"reproduces on {failing} of {len(affected)} affected cases"
+    if not records:
+        said = "not run"
+    elif not affected:
+        said = f"no affected case judged ({len(records)} cases, {len(judged)} judged)"
+    elif role in ("unpatched", "unknown"):
+        said = f"reproduces on {verdicts['reproduced']} of {len(affected)} affected cases"
+    elif symptom:
+        said = f"the bug is back: its symptom on {symptom} of {len(affected)} affected cases, expected fixed"
     else:
-        said = f"passes every one of {len(affected)} affected cases"
+        said = f"fixed on {verdicts['fixed']} of {len(affected)} affected cases"
+    if known := known_bug_counts(run, spec, regression):
+        said += "; " + ", ".join(f"{n} show {rid}'s symptom" for rid, n in known.items())
     if bad:
         said += "; needs a look: " + ", ".join(f"{n} {v}" for v, n in sorted(bad.items()))
     return {"spec": spec, "role": role, "why": (target.get("role_reasons") or {}).get(regression, ""),
-            "affected": len(affected), "failing": failing, "bad": dict(bad), "said": said}
+            "cases": len(records), "affected": len(affected), "reproduced": verdicts["reproduced"],
+            "fixed": verdicts["fixed"], "symptom": symptom, "bad": dict(bad), "known_bugs": dict(known), "said": said}
 
 
-def observed_advice(assessment: dict[str, Any], head: dict[str, Any]) -> str:
-    """The patch's advice, with what the head did: a patch that conflicts where no marker finds
-    the fix, on a head that passes every affected case, may meet a fix in a form we do not know."""
-    if assessment["text"] == "conflict" and head["affected"] and not head["failing"]:
+def patch_advice(assessment: dict[str, Any], head: dict[str, Any], patched: dict[str, Any] | None) -> str:
+    """What to do with one patch at head, from its two parts, the head's role and what the head
+    and the head with the patch applied did."""
+    name = assessment["patch"]
+    if head["role"] == "predates":
+        return f"no backport needed: the head predates the regression ({head['why']})"
+    if assessment["text"] == "applies" and head["symptom"]:
+        fixed = f" (with it: {patched['said']})" if patched else ""
+        return f"re-apply patches/{name}.patch: it applies{fixed}"
+    if assessment["text"] == "conflict" and head["affected"] and not head["symptom"] and not head["bad"]:
         return (f"{assessment['advice']}; yet the head passes every one of its {head['affected']} affected cases:"
                 " the fix may be there in a form no marker knows; look, then add a marker to"
-                f" patches/{assessment['patch']}.toml or drop the backport")
-    return assessment["advice"]
+                f" patches/{name}.toml or drop the backport")
+    return str(assessment["advice"])
 
 
-def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+def _kernels(run: dict[str, Any], spec: str) -> str:
+    """Who computed a target's kernels, from its stored description ("...; kernels: WHO (...); ...")."""
+    found = re.search(r"kernels: (.*?)(?:; TE's own|$)", reports.target_info(run, spec).get("description") or "")
+    return found.group(1) if found else "?"
+
+
+def _provider(kernels: str) -> str:
+    """The kernel provider without its counts: base and head of one provider read the same."""
+    return re.sub(r" \(.*", "", kernels)
+
+
+def _twin_states(run: dict[str, Any], spec: str, twin: str | None) -> tuple[Counter[str], Counter[str]]:
+    """Bad verdicts at `spec` (by verdict and signature), and those its twin at base shares case for case."""
+    theirs = {r["case_id"]: r for r in run["results"] if r["target"] == twin}
+    ours: Counter[str] = Counter()
+    shared: Counter[str] = Counter()
+    for record in run["results"]:
+        if record["target"] != spec or record["verdict"] not in BAD:
+            continue
+        key = f"{record['verdict']}: {diff.signature(record)}"
+        ours[key] += 1
+        other = theirs.get(record["case_id"])
+        if other and other["verdict"] == record["verdict"] and diff.signature(other) == diff.signature(record):
+            shared[key] += 1
+    return ours, shared
+
+
+def _bad_lines(who: str, found: Counter[str]) -> list[str]:
+    """One line per verdict: how many results, in how many signatures."""
+    results: Counter[str] = Counter()
+    signatures: Counter[str] = Counter()
+    for key, n in found.items():
+        verdict = key.partition(":")[0]
+        results[verdict] += n
+        signatures[verdict] += 1
+    return [f"{who}: {n} {v} ({signatures[v]} signature{'s' * (signatures[v] > 1)})" for v, n in results.items()]
+
+
+def group_changes(changes: list[dict[str, Any]], regression_of: dict[str, str]) -> list[dict[str, Any]]:
+    """Changes grouped by kind, regression and the two signatures, most first, with examples."""
+    groups: dict[tuple[str, str, str, str], list[str]] = {}
+    for change in changes:
+        key = (change["kind"], regression_of.get(change["case_id"], change["case_id"].partition(":")[0]),
+               change["before_signature"], change["after_signature"])
+        groups.setdefault(key, []).append(change["case_id"])
+    out: list[dict[str, Any]] = [{"kind": k[0], "regression": k[1], "base": k[2], "head": k[3], "count": len(ids),
+                                  "examples": ids[:EXAMPLES]} for k, ids in groups.items()]
+    out.sort(key=lambda g: (diff.KINDS.index(g["kind"]), -g["count"]))
+    return out
+
+
+def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[dict[str, Any]]],
+           accept_lost_coverage: bool = False) -> dict[str, Any]:
     """The review as data (review.json); `assessed` holds each tree's patch assessments."""
     comparison = diff.compare(_only(run, base), _only(run, head), [(base, head)])
-    changes = [c.__dict__ for c in comparison.changes]
-    head_specs = [t["spec"] for t in run["environment"]["targets"] if t["spec"] == head or
-                  t["spec"].startswith(f"{head}+")]
+    by_id = {(r["target"], r["case_id"]): r for r in run["results"]}
+    changes = [{**c.__dict__, "before_signature": diff.signature(by_id.get((base, c.case_id))),
+                "after_signature": diff.signature(by_id.get((head, c.case_id)))} for c in comparison.changes]
+    names = labels(run, base, head)
+    kernels = {side: _kernels(run, spec) for side, spec in (("base", base), ("head", head))}
+    same_kernels = _provider(kernels["base"]) == _provider(kernels["head"])
     regressions = []
     for info in run["regressions"]:
         rid = info["id"]
@@ -70,27 +157,75 @@ def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[d
         patched = {f"{spec}+{a['patch']}": target_state(run, f"{spec}+{a['patch']}", rid)
                    for spec, side in ((base, "base"), (head, "head")) for a in patches[side]
                    if f"{spec}+{a['patch']}" in reports.target_specs(run)}
+        states = {side: target_state(run, spec, rid) for side, spec in (("base", base), ("head", head))}
+        advice = [patch_advice(a, states["head"], patched.get(f"{head}+{a['patch']}")) for a in patches["head"]]
         regressions.append({
             "id": rid, "title": info.get("title", ""), "upstream": info.get("upstream", ""),
-            "first_fixed": info.get("first_fixed"), "base": target_state(run, base, rid),
-            "head": target_state(run, head, rid), "patches": patches, "patched": patched,
-            "advice": [observed_advice(a, target_state(run, head, rid)) for a in patches["head"]],
-            "drop_backport": [a["patch"] for a in patches["head"] if "drop the backport" in a["advice"]],
+            "first_fixed": info.get("first_fixed"), **states, "patches": patches, "patched": patched,
+            "advice": advice, "drop_backport": [a["patch"] for a, said in zip(patches["head"], advice, strict=True)
+                                                if DROP in said],
+            "back": bool(states["head"]["symptom"]) and not states["base"]["symptom"],
             "unmet": unmet(run, rid)})
-    head_bad = Counter(r["verdict"] for r in run["results"] if r["target"] in head_specs
-                       and r["verdict"] in reports.BAD_VERDICTS)
-    reasons = [f"head: {n} {v}" for v, n in sorted(head_bad.items())]
+    reasons: list[str] = []
+    warnings: list[str] = []
+    for spec in [s for s in reports.target_specs(run) if names.get(s, "").startswith("head")]:
+        twin = base + spec[len(head):]
+        ours, shared = _twin_states(run, spec, twin)
+        reasons += _bad_lines(names[spec], ours - shared)
+        warnings += _bad_lines(f"{names[spec]} and {names.get(twin, twin)} both", shared)
     reasons += [line for reg in regressions for line in reg["unmet"]]
-    new_regressions = sum(c["kind"] == "new regression" for c in changes)
-    if new_regressions:
-        reasons.append(f"{new_regressions} cases pass at base and fail at head")
-    reasons += [p["problem"] for p in run.get("target_problems") or []]
+    reasons += [f"{reg['id']} is back at head: {reg['head']['said']}" for reg in regressions if reg["back"]]
+    kinds = Counter(c["kind"] for c in changes)
+    failing = [k for k in diff.FAILING_KINDS if kinds[k] and not (k == "stopped running" and accept_lost_coverage)]
+    if failing and not same_kernels:
+        warnings.append(f"base and head computed kernels with different code (base: {kernels['base']}; head:"
+                        f" {kernels['head']}): {sum(kinds[k] for k in failing)} changes may be the kernels', not"
+                        " the sync's")
+    elif failing:
+        reasons += [f"{kinds[k]} cases {k_text}" for k, k_text in (
+            ("new failure", "pass at base and fail at head"), ("changed failure", "fail differently at head"),
+            ("stopped running", "ran at base and not at head (lost coverage; --accept-lost-coverage to accept)"))
+            if k in failing]
+    for problem in run.get("target_problems") or []:
+        side = names.get(problem["target"], problem["target"])
+        (warnings if side.startswith("base") else reasons).append(f"{side}: {problem['problem']}")
+    lost = {(names.get(spec, spec), rid): why for spec, rid, why in unjudged(run)}
+    for (side, rid), why in lost.items():
+        if side.startswith("head"):
+            at_base = lost.get(("base" + side[4:], rid))
+            (warnings if at_base else reasons).append(f"{rid} could not be judged on {side}: {why}"
+                                                      + (" (nor at base)" if at_base else ""))
+    for reg in regressions:
+        if reg["head"]["symptom"] and not reg["back"]:
+            warnings.append(f"{reg['id']}: head still has it, as base did: {reg['head']['said']}")
     if missing := incomplete_reason(run):
         reasons.append(missing)
-    return {"schema": "repro.review/1", "base": base, "head": head, "status": "FAIL" if reasons else "PASS",
-            "fail_reasons": reasons, "regressions": regressions, "changes": changes,
-            "compared": comparison.compared, "trees": {side: _tree(run, spec) for side, spec in (("base", base),
-                                                                                                  ("head", head))}}
+    status = "FAIL" if reasons else "PASS"
+    return {"schema": "repro.review/2", "base": base, "head": head, "labels": names, "status": status,
+            "recommendation": recommendation(status, reasons, regressions, changes),
+            "fail_reasons": reasons, "warnings": warnings, "regressions": regressions, "changes": changes,
+            "groups": group_changes(changes, {}), "table": regression_rows(regressions), "compared": comparison.compared, "kernels": kernels,
+            "trees": {side: _tree(run, spec) for side, spec in (("base", base), ("head", head))}}
+
+
+def recommendation(status: str, reasons: list[str], regressions: list[dict[str, Any]],
+                   changes: list[dict[str, Any]]) -> str:
+    """One line: merge, do not merge, or needs a look; the reason and the next step."""
+    if status == "PASS":
+        drops = [f"patches/{p}.patch" for reg in regressions for p in reg["drop_backport"]]
+        return "Merge: no regression at head" + (f"; drop {', '.join(drops)}: upstream's fix is present"
+                                                 if drops else "")
+    for reg in regressions:
+        if reg["back"]:
+            step = next((a for a in reg["advice"] if a.startswith("re-apply")), None) or \
+                (reg["advice"][0] if reg["advice"] else "no patch of ours fixes it: fix it before merging")
+            return (f"Do not merge: {reg['id']} is back at head (its symptom on {reg['head']['symptom']} of"
+                    f" {reg['head']['affected']} affected cases); {step.split(' (with it')[0]}")
+    new = sum(c["kind"] == "new failure" for c in changes)
+    if new:
+        return (f"Do not merge: {new} cases pass at base and fail at head; see the changes below"
+                " (repro bisect names the commit)")
+    return f"Needs a look: {reasons[0]}"
 
 
 def _tree(run: dict[str, Any], spec: str) -> dict[str, Any]:
@@ -100,80 +235,40 @@ def _tree(run: dict[str, Any], spec: str) -> dict[str, Any]:
             "state": (target.get("provenance") or {}).get("git_state", "")}
 
 
-def _patch_cell(assessment: dict[str, Any] | None) -> str:
-    if assessment is None:
-        return "-"
-    text = plain(assessment["text"])
-    if assessment["text"] in ("stale", "conflict"):
-        text += f" ({plain(assessment['text_detail'])})"
-    fix = plain(assessment["fix"]) + (f" ({plain(assessment['fix_detail'])})" if assessment["fix_detail"] else "")
-    return f"{text}; fix: {fix}"
+def state_cell(state: dict[str, Any]) -> str:
+    if not state["cases"]:
+        return "not run"
+    if not state["affected"]:
+        return f"{state['role']}: none judged"
+    if state["role"] in ("unpatched", "unknown"):
+        text = f"{state['role']}: reproduces {state['reproduced']}/{state['affected']}"
+    elif state["symptom"]:
+        text = f"{state['role']}: bug back {state['symptom']}/{state['affected']}"
+    else:
+        text = f"{state['role']}: fixed {state['fixed']}/{state['affected']}"
+    return text + (" ⚠" if state["bad"] else "")
 
 
-def _applied_cell(reg: dict[str, Any], spec: str, assessment: dict[str, Any] | None) -> str:
-    if spec in reg["patched"]:
-        return plain(reg["patched"][spec]["said"])
-    return f"not run (the patch text: {plain(assessment['text'])})" if assessment else "-"
+def patch_action(advice: str) -> str:
+    """The patch action in a few words, for the table (the whole advice is listed below it)."""
+    for words, short in (("drop the backport", "drop"), ("re-apply", "re-apply"), ("conflicts", "conflicts"),
+                         ("no backport needed", "not needed"), ("keep the backport", "keep"),
+                         ("still needed and applies", "apply"), ("check by hand", "check by hand")):
+        if words in advice:
+            return short
+    return "see below"
 
 
-def render_review(found: dict[str, Any], paths: dict[str, str] | None = None) -> str:
-    """PR-ready Markdown: the answer first, then each regression, the changed cases, the trees."""
-    mark = "✅" if found["status"] == "PASS" else "❌"
-    base, head = found["base"], found["head"]
-    lines = [f"# Upstream-sync review: {mark} {found['status']}", "",
-             f"base {code(base, False)} → head {code(head, False)}; {found['compared']} case results compared.", ""]
-    if found["fail_reasons"]:
-        lines += ["**Failing because:**", *(f"- {plain(r)}" for r in found["fail_reasons"]), ""]
-    trees = found["trees"]
-    lines += table(["", "base", "head"], [
-        ["tree", code(trees["base"]["spec"]), code(trees["head"]["spec"])],
-        ["commit", plain(trees["base"]["provenance"]), plain(trees["head"]["provenance"])],
-        ["version", code(trees["base"]["version"]), code(trees["head"]["version"])],
-        ["fuser.py", code(trees["base"]["fuser_sha"]), code(trees["head"]["fuser_sha"])]]) + [""]
-    for side in ("base", "head"):
-        if trees[side]["state"] == "dirty":
-            lines += [(f"> **WARNING: the {side} tree is dirty (uncommitted changes): its results belong to no"
-                       " commit.**"), ""]
-    for reg in found["regressions"]:
-        about = "; ".join(x for x in (plain(reg["title"]), f"upstream {plain(reg['upstream'])}" if reg["upstream"]
-                                      else "", f"fixed in {plain(reg['first_fixed'])}" if reg["first_fixed"] else "")
-                          if x)
-        lines += [f"## {plain(reg['id'])}" + (f" ({about})" if about else ""), ""]
-        rows = [["role", *(f"**{plain(reg[s]['role'])}** — {plain(reg[s]['why'])}" for s in ("base", "head"))],
-                ["the tree as it is", plain(reg["base"]["said"]), plain(reg["head"]["said"])]]
-        names = list(dict.fromkeys(a["patch"] for side in ("base", "head") for a in reg["patches"][side]))
-        for name in names:
-            by_side = {s: next((a for a in reg["patches"][s] if a["patch"] == name), None) for s in ("base", "head")}
-            rows.append([f"{plain(name)}: patch text; fix", _patch_cell(by_side["base"]), _patch_cell(by_side["head"])])
-            rows.append([f"with {plain(name)} applied",
-                         *(_applied_cell(reg, f"{spec}+{name}", by_side[side])
-                           for spec, side in ((base, "base"), (head, "head")))])
-        lines += table(["", "base", "head"], rows) + [""]
-        lines += [f"- **{plain(advice)}**" for advice in reg["advice"]]
-        lines += [f"- **{plain(line)}**" for line in reg["unmet"]]
-        if head_bad := reg["head"]["bad"]:
-            lines.append("- **head needs a look: " + ", ".join(f"{n} {v}" for v, n in sorted(head_bad.items())) + "**")
-        elif not reg["unmet"]:
-            lines.append("- no regression at head")
-        lines.append("")
-    lines += _changes(found["changes"])
-    if paths:
-        lines += ["Reports: " + ", ".join(code(p, False) for p in paths.values()), ""]
-    return fit("\n".join(lines).rstrip("\n") + "\n")
+def regression_rows(regressions: list[dict[str, Any]]) -> list[list[str]]:
+    """One row per regression: id, base, head, the action for each patch at head (text, unescaped)."""
+    rows = []
+    for reg in regressions:
+        patches = [a["patch"] for a in reg["patches"]["head"]]
+        actions = ", ".join(f"{p}: {patch_action(a)}" for p, a in zip(patches, reg["advice"], strict=True)) or "-"
+        rows.append([reg["id"], state_cell(reg["base"]), state_cell(reg["head"]), actions])
+    return rows
 
 
-def _changes(changes: list[dict[str, Any]]) -> list[str]:
-    if not changes:
-        return ["## Cases whose result changed, base → head", "",
-                "None: every case has the same outcome, verdict, error and failed checks at base and head.", ""]
-    counts = Counter(c["kind"] for c in changes)
-    rows = [[plain(c["kind"]), code(c["case_id"]), code(c["before"]), code(c["after"])] for c in changes]
-    lines = [f"## Cases whose result changed, base → head ({len(changes)})", "",
-             ", ".join(f"{counts[k]} {k}" for k in diff.KINDS if counts[k]) + " (pass → fail is a new regression).",
-             "", *table(["change", "case", "base", "head"], rows[:CHANGES_LISTED]), ""]
-    if len(rows) > CHANGES_LISTED:
-        rest = rows[CHANGES_LISTED:CHANGES_LISTED + CHANGES_DETAILED]
-        more = len(rows) - CHANGES_LISTED - len(rest)
-        lines += details(f"{len(rows) - CHANGES_LISTED} more", table(["change", "case", "base", "head"], rest)
-                         + (["", f"and {more} more in review.json"] if more else []))
-    return lines
+def verdict_of(found: dict[str, Any]) -> dict[str, Any]:
+    """What the run's own reports carry of the review: its status, reasons, recommendation and table."""
+    return {key: found[key] for key in ("status", "recommendation", "fail_reasons", "warnings", "labels", "table")}

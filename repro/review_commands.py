@@ -6,22 +6,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from cases.matrix import generate, matrix_names
 from harness import targets
 from harness.errors import UsageError
 from harness.runner import rundir
-from harness.runner.review import patch_assessments, review_specs
+from harness.runner.review import patch_assessments, patched_regressions, review_specs
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
+from harness.targets.history import ops_changes
 from repro import validate
-from repro.progress import Progress, print_status_line
-from repro.reports import summarize, write_all_formats
-from repro.review import render_review, review
+from repro.formats import write_all_formats
+from repro.progress import Progress
+from repro.render_review import github_annotations, render_review, terminal_line
+from repro.reports import summarize
+from repro.review import review, verdict_of
 
 
 def _check_tree_spec(option: str, spec: str) -> None:
@@ -56,7 +61,7 @@ def cmd_review(args: argparse.Namespace) -> int:
         try:
             run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline,
                              args.max_cases, progress=progress, case_timeout=args.case_timeout,
-                             fork_config=args.fork_config)
+                             fork_config=args.fork_config, regressions_of=patched_regressions(specs, assessed))
         except (Interrupted, KeyboardInterrupt):
             progress.close()
             print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}", file=sys.stderr)
@@ -64,18 +69,32 @@ def cmd_review(args: argparse.Namespace) -> int:
         progress.close()
         run["started_at"] = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
         run["elapsed_s"] = round(time.time() - started, 1)
+        found = review(run, args.base, args.head, assessed, args.accept_lost_coverage)
+        run["review"] = verdict_of(found)  # the run's own reports carry the review's verdict
         run["summary"] = summarize(run)
         rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
-        paths = write_all_formats(run, out_dir)
-        found = review(run, args.base, args.head, assessed)
+        write_all_formats(run, out_dir)
         rundir.write_atomic(out_dir / "review.json", json.dumps(found, indent=1))
-        text = render_review(found, paths)
+        relative = {"report.md": "report.md", "report.html": "report.html", "junit.xml": "junit.xml",
+                    "review.json": "review.json"}
+        text = render_review(found, relative, _ops_changes(prepared, args.base, args.head))
         rundir.write_atomic(out_dir / "review.md", text)
     sys.stdout.write(text)
-    print_status_line(run, {"review.md": str(out_dir / "review.md"), **paths})
-    for reason in found["fail_reasons"]:
-        print(f"repro: review FAIL: {reason}", file=sys.stderr)
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        for line in github_annotations(found, run):
+            print(line)
+    print(terminal_line(found, str(out_dir / "review.md")))
     return 0 if found["status"] == "PASS" else 1
+
+
+def _ops_changes(prepared: dict[str, Any], base: str, head: str) -> dict[str, Any] | None:
+    """What the sync changed in ops/, when base and head are revisions of one repository."""
+    revisions = [(prepared[spec].provenance or {}).get("revision", "") for spec in (base, head)]
+    directories = {r.rpartition("@")[0] for r in revisions}
+    if not all(revisions) or len(directories) != 1:
+        return None
+    commits = [prepared[spec].provenance["git_commit"] for spec in (base, head)]
+    return ops_changes(Path(directories.pop()), commits[0], commits[1])
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
@@ -106,4 +125,6 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="seconds (above 0) before a case is recorded as hung")
     p.add_argument("--megatron", metavar="VERSION|path:DIR",
                    help=f"the megatron-core the Megatron cases import (default {DEFAULT_VERSION})")
+    p.add_argument("--accept-lost-coverage", action="store_true",
+                   help="cases that ran at base and not at head (stopped running) do not fail the review")
     p.set_defaults(func=cmd_review)

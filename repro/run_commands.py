@@ -27,10 +27,12 @@ from harness.runner import hosts, rundir
 from harness.runner.completeness import incomplete_reason
 from harness.runner.expectations import all_unmet
 from harness.runner.sessions import CASE_TIMEOUT_S, LOAD_TIMEOUT_S, Interrupted, run_matrix
+from harness.runner.textsafe import printable
 from harness.targets import sources
 from repro import rerun, validate
+from repro.formats import check_step_summary, write_all_formats
 from repro.progress import Progress, print_status_line
-from repro.reports import check_step_summary, dirty_warnings, load_run, printable, summarize, write_all_formats
+from repro.reports import dirty_warnings, load_run, summarize
 
 
 def _progress(line: str) -> None:

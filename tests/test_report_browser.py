@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from repro import reports
+from repro import formats
 from tests.conftest import REPO
 from tests.test_reports import CRASH_CASE, FIXTURE, HOSTILE, TARGETS, planted, with_regression
 
@@ -65,7 +65,7 @@ def run() -> dict[str, Any]:
 @pytest.fixture
 def page(driver: Any, run: dict[str, Any], tmp_path: Path) -> Any:
     path = tmp_path / "report.html"
-    path.write_text(reports.render(run, "html"), encoding="utf-8")
+    path.write_text(formats.render(run, "html"), encoding="utf-8")
     driver.set_window_size(1600, 1000)
     driver.get(path.as_uri())
     return driver
@@ -187,7 +187,7 @@ def test_issue22_sized_page_opens_with_cells_beside_the_details(driver: Any, tmp
     from tests.synthetic import issue22_sized_run
 
     path = tmp_path / "report.html"
-    path.write_text(reports.render(issue22_sized_run(), "html"), encoding="utf-8")
+    path.write_text(formats.render(issue22_sized_run(), "html"), encoding="utf-8")
     driver.set_window_size(1024, 900)
     driver.get(path.as_uri())
     assert [e for e in driver.get_log("browser") if e["level"] == "SEVERE"] == []

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from repro import reports
+from repro import formats, reports
 from repro.cli import main
 from repro.render_html import grid_data, json_for_script
 from tests.conftest import REPO, repro
@@ -91,13 +91,13 @@ def test_summary_passes_a_healthy_run_and_fails_on_bad_verdicts_or_missing(run: 
 # ---- Markdown ----
 
 def test_markdown_puts_the_verdict_first(run: dict[str, Any]) -> None:
-    md = reports.render(run, "md")
+    md = formats.render(run, "md")
     lines = [line for line in md.splitlines() if line]
     assert lines[1].startswith("**✅ PASS**: 12 cases on 4 targets, 0 need a look, 4 infeasible combinations not run")
     assert lines[2].startswith("**issue22** (fuser calls requires")
     assert "- backport fixes 4 of 4 affected cases" in lines[3]
     assert md.index("## Verdicts by target") < md.index("## Cases that fail or differ") < md.index("<details>")
-    failing = reports.render(with_regression(run), "md")
+    failing = formats.render(with_regression(run), "md")
     assert "**❌ FAIL**" in failing and "Failing because: 1 regression." in failing
     assert "## Needs a look (1)" in failing and f"`{CRASH_CASE}`: **regression** (crash): planted" in failing
 
@@ -107,17 +107,17 @@ def _grid_rows(md: str) -> list[str]:
 
 
 def test_markdown_grid_keeps_only_rows_with_a_failure(run: dict[str, Any]) -> None:
-    grid = _grid_rows(reports.render(run, "md"))
+    grid = _grid_rows(formats.render(run, "md"))
     # Both pipelines crash alike on a non-leaf input: one row names both.
     assert grid == ["| `fused_residual_rmsnorm`, `extra_output_only` | `non_leaf` | `C✓✓✓` | `C✓✓✓` |"]
     assert not any("`leaf`" in line for line in grid)  # all-pass rows folded away
     # A pipeline whose cells differ gets its own row again.
-    split = _grid_rows(reports.render(with_regression(run), "md"))
+    split = _grid_rows(formats.render(with_regression(run), "md"))
     assert len(split) == 2 and any(line.startswith("| `fused_residual_rmsnorm` |") and "C!" in line for line in split)
 
 
 def test_markdown_tables_are_not_padded(run: dict[str, Any]) -> None:
-    md = reports.render(run, "md")
+    md = formats.render(run, "md")
     for line in md.splitlines():
         if line.startswith("|"):
             assert "  |" not in line and "|  " not in line, line
@@ -125,12 +125,12 @@ def test_markdown_tables_are_not_padded(run: dict[str, Any]) -> None:
     # One wider cell changes only its own line.
     wider = copy.deepcopy(run)
     wider["environment"]["targets"][0]["fuser_sha"] = "b2df7c3d9b67-and-a-much-longer-hash"
-    changed = [(a, b) for a, b in zip(md.splitlines(), reports.render(wider, "md").splitlines()) if a != b]
+    changed = [(a, b) for a, b in zip(md.splitlines(), formats.render(wider, "md").splitlines()) if a != b]
     assert len(changed) == 1 and "much-longer" in changed[0][1]
 
 
 def test_markdown_keeps_hostile_message_inside_code(run: dict[str, Any]) -> None:
-    md = reports.render(planted(run), "md")
+    md = formats.render(planted(run), "md")
     line = next(line for line in md.splitlines() if "alert(1)" in line and line.startswith("- "))
     assert "`boom </script><script>alert(1)</script> <img src=x onerror=alert(2)> a|b`" in line
     outside_code = re.sub(r"`[^`]*`", "", md)
@@ -138,19 +138,19 @@ def test_markdown_keeps_hostile_message_inside_code(run: dict[str, Any]) -> None
 
 
 def test_markdown_for_an_issue22_sized_run_is_short(big: dict[str, Any]) -> None:
-    md = reports.render(big, "md")
+    md = formats.render(big, "md")
     assert len(without_details(md).splitlines()) < 60, without_details(md)
     assert "Environment" not in without_details(md)  # folded away
 
 
 def test_verdict_markdown_is_free_of_timings_and_machine(run: dict[str, Any]) -> None:
-    first = reports.render(run, "verdict-md")
+    first = formats.render(run, "verdict-md")
     other = copy.deepcopy(run)
     for record in other["results"]:
         record["duration_s"] = 99.0
     other["environment"].update(machine="elsewhere", platform="Other-OS", python="3.99")
     other["elapsed_s"] = 1234.0
-    assert reports.render(other, "verdict-md") == first
+    assert formats.render(other, "verdict-md") == first
     assert "time (s)" not in first and "vm" not in first.split() and "Linux" not in first and "41s" not in first
 
 
@@ -162,10 +162,10 @@ def test_step_summary_is_appended_when_github_sets_it(run: dict[str, Any], tmp_p
     assert main(["report", str(FIXTURE), "--format", "html", "-o", str(tmp_path / "r.html")]) == 0
     text = summary_file.read_text()
     assert text.startswith("earlier step\n### repro run `smoke`") and "**✅ PASS**" in text
-    reports.write_all_formats(run, tmp_path)
+    formats.write_all_formats(run, tmp_path)
     assert summary_file.read_text().count("### repro run") == 2
     monkeypatch.delenv("GITHUB_STEP_SUMMARY")
-    assert reports.append_step_summary(run) is None
+    assert formats.append_step_summary(run) is None
 
 
 # ---- HTML ----
@@ -192,7 +192,7 @@ def unpack(data: dict[str, Any]) -> dict[str, dict[str, tuple[str, str]]]:
 
 
 def test_html_is_self_contained_and_escaped(run: dict[str, Any]) -> None:
-    html = reports.render(planted(run), "html")
+    html = formats.render(planted(run), "html")
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:|//)""", html), "the page must fetch nothing"
     assert not re.search(r"\.(inner|outer)HTML\s*[+]?=|insertAdjacentHTML|document\.write", html)
     assert "Content-Security-Policy" in html
@@ -221,7 +221,7 @@ def test_grid_data_unpacks_to_every_result(run: dict[str, Any]) -> None:
 
 
 def test_html_banner_status_and_filter_links(run: dict[str, Any]) -> None:
-    html = reports.render(with_regression(run), "html")
+    html = formats.render(with_regression(run), "html")
     assert '<header id="status" class="status-fail">' in html and '<span class="status-word">FAIL</span>' in html
     assert 'data-verdict="regression"' in html and 'data-verdict="attention"' in html
     assert "<title>FAIL: " in html
@@ -229,7 +229,7 @@ def test_html_banner_status_and_filter_links(run: dict[str, Any]) -> None:
 
 def test_html_for_an_issue22_sized_run_is_under_500_kb(big: dict[str, Any]) -> None:
     assert len(big["results"]) == 25600
-    size = len(reports.render(big, "html").encode())
+    size = len(formats.render(big, "html").encode())
     assert size < 500_000, size
 
 
@@ -241,14 +241,16 @@ def junit_schema() -> Any:
 
 
 def test_junit_passes_the_xsd_and_reads_verdicts(run: dict[str, Any]) -> None:
-    text = reports.render(with_regression(planted(run)), "junit")
+    text = formats.render(with_regression(planted(run)), "junit")
     junit_schema().validate(text)
     root = ET.fromstring(text.encode())
-    cases = root.findall(".//testcase")
+    cases = [c for c in root.findall(".//testcase") if c.get("classname") != "repro_verdict"]
     assert len(cases) == len(run["results"])
+    (verdict,) = root.findall(".//testcase[@classname='repro_verdict']")  # the run's own verdict, FAIL here
+    assert verdict.find("failure").get("message") == "FAIL: 1 regression"
     assert all("." not in c.get("classname") for c in cases)
     assert {s.get("name") for s in root.findall("testsuite")} == {"te-2_13_0", "te-2_13_0+backport", "te-2_16_0",
-                                                                    "te-2_20_2"}
+                                                                    "te-2_20_2", "verdict"}
     xfails = [c for c in cases if c.find("skipped") is not None]
     assert len(xfails) == 4 and all(c.find("skipped").get("type") == "pytest.xfail" for c in xfails)
     assert HOSTILE in next(c for c in xfails if c.get("name") == CRASH_CASE).find("skipped").get("message")
@@ -257,7 +259,7 @@ def test_junit_passes_the_xsd_and_reads_verdicts(run: dict[str, Any]) -> None:
         ("issue22_te-2_13_0+backport", CRASH_CASE, "regression")]
     for name in ("tests", "failures", "errors", "skipped"):
         assert int(root.get(name)) == sum(int(s.get(name)) for s in root.findall("testsuite"))
-    assert root.get("tests") == "48" and root.get("skipped") == "4" and root.get("failures") == "1"
+    assert root.get("tests") == "49" and root.get("skipped") == "4" and root.get("failures") == "2"
     suite = root.find("testsuite")
     assert suite.get("hostname") == "vm" and suite.get("timestamp") == "2026-12-01T10:00:00"
 
@@ -266,14 +268,14 @@ def test_junit_lists_only_cases_that_ran(run: dict[str, Any]) -> None:
     record = copy.deepcopy(run["results"][0])
     record.update(case_id=record["case_id"] + "-x", outcome="not_applicable", verdict="not_applicable")
     run["results"].append(record)
-    root = ET.fromstring(reports.render(run, "junit").encode())
-    assert len(root.findall(".//testcase")) == 48
+    root = ET.fromstring(formats.render(run, "junit").encode())
+    assert len(root.findall(".//testcase[@classname!='repro_verdict']")) == 48
 
 
 def test_junit_xsd_rejects_what_dashboards_misread(run: dict[str, Any]) -> None:
     """The schema check can fail: a dotted classname, or a suite without hostname, is refused."""
     schema = junit_schema()
-    text = reports.render(run, "junit")
+    text = formats.render(run, "junit")
     assert schema.is_valid(text)
     assert not schema.is_valid(text.replace('classname="issue22_te-2_13_0"', 'classname="te-2.13.0"', 1))
     assert not schema.is_valid(re.sub(r' hostname="[^"]*"', "", text, count=1))
@@ -282,7 +284,7 @@ def test_junit_xsd_rejects_what_dashboards_misread(run: dict[str, Any]) -> None:
 
 # ---- the command, old runs and unfinished runs ----
 
-@pytest.mark.parametrize("fmt", reports.FORMATS)
+@pytest.mark.parametrize("fmt", formats.FORMATS)
 def test_report_command_writes_each_format(fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
     out = tmp_path / "sub" / f"report.{fmt}"
@@ -302,7 +304,7 @@ def test_a_repro_run_1_is_refused_in_one_line(tmp_path: Path) -> None:
 
 def test_write_all_formats(run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GITHUB_STEP_SUMMARY", raising=False)
-    paths = reports.write_all_formats(run, tmp_path)
+    paths = formats.write_all_formats(run, tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["junit.xml", "report.html", "report.md"]
     assert list(paths) == ["report.md", "report.html", "junit.xml"]
 
@@ -326,19 +328,19 @@ def test_report_from_unfinished_run_says_incomplete(run: dict[str, Any], tmp_pat
     assert loaded["complete"] is False and loaded["found_results"] == 20
     assert loaded["missing"] == len(run["results"]) - 20 == len(loaded["missing_results"])
     assert loaded["summary"]["status"] == "FAIL"
-    md = reports.render(loaded, "md")
+    md = formats.render(loaded, "md")
     assert (f"INCOMPLETE: the run did not finish (no run.json); 20 results found in results.jsonl, "
             f"{len(run['results']) - 20} results missing.") in md
     assert "corrupt record skipped" in md  # the torn line is reported, not fatal
-    html = reports.render(loaded, "html")
+    html = formats.render(loaded, "html")
     assert 'id="incomplete"' in html
     found = unpack(json.loads(data_block(html)))
     assert len(found) == 12  # every expected case has an entry, found or not
     assert sum(4 - len(by_target) for by_target in found.values()) == len(run["results"]) - 20
-    junit = ET.fromstring(reports.render(loaded, "junit").encode())
+    junit = ET.fromstring(formats.render(loaded, "junit").encode())
     # Never greener than the run: each missing result is an <error> testcase naming the case and why.
     missing = junit.findall(".//testcase/error[@type='missing']")
-    assert len(junit.findall(".//testcase")) == 20 + len(loaded["missing_results"]) == 20 + len(missing)
+    assert len(junit.findall(".//testcase")) == 20 + len(loaded["missing_results"]) + 1 == 20 + len(missing) + 1
     assert int(junit.get("errors")) >= len(missing) > 0
     first = loaded["missing_results"][0]
     assert junit.find(f".//testcase[@name='{first['case_id']}']/error[@type='missing']") is not None
@@ -347,7 +349,7 @@ def test_report_from_unfinished_run_says_incomplete(run: dict[str, Any], tmp_pat
 
 def test_report_from_unfinished_run_without_meta(run: dict[str, Any], tmp_path: Path) -> None:
     loaded = reports.load_run(unfinished(run, tmp_path / "dead", keep=5, meta=False))
-    assert "an unknown number of results missing" in reports.render(loaded, "md")
+    assert "an unknown number of results missing" in formats.render(loaded, "md")
 
 
 def test_report_bad_dir_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -369,7 +371,7 @@ def test_diff_flags_planted_regression(run: dict[str, Any], tmp_path: Path) -> N
     b = write_run(with_regression(run), tmp_path / "b")
     result = repro("diff", str(a), str(b / "run.json"), check_rc=1)
     row = next(line for line in result.stdout.splitlines() if CRASH_CASE in line)
-    assert row.startswith("new regression") and "te-2.13.0+backport" in row
+    assert row.startswith("new failure") and "te-2.13.0+backport" in row
     back = repro("diff", str(b), str(a), check_rc=0)
     assert next(line for line in back.stdout.splitlines() if CRASH_CASE in line).startswith("newly fixed")
 

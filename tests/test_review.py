@@ -18,7 +18,7 @@ from harness import targets
 from harness.model import Role
 from harness.runner.roles import role_of
 from harness.targets import patching, sources
-from repro import reports
+from repro import formats, reports
 from repro.render_md import PR_LIMIT
 from tests.conftest import REPO, repro
 from tests.forks import FUSER, Fork, build_fork, git
@@ -128,7 +128,8 @@ def test_review_of_the_sync_says_drop_the_backport(fork: Fork, tmp_path: Path) -
     assert result.returncode == 0, result.stdout + result.stderr
     assert (git(fork.repo, "status", "--porcelain"), git(fork.repo, "rev-parse", "HEAD")) == before
     text = (out / "review.md").read_text()
-    assert text.startswith("# Upstream-sync review: ✅ PASS")
+    assert text.splitlines()[0] == ("# ✅ PASS — Merge: no regression at head; drop patches/backport.patch:"
+                                     " upstream's fix is present")
     found = json.loads((out / "review.json").read_text())
     (issue22,) = found["regressions"]
     assert issue22["base"]["role"] == "patched" and issue22["head"]["role"] == "fixed_upstream"
@@ -157,7 +158,7 @@ def test_review_lists_exactly_the_cases_one_edited_op_changes(tmp_path: Path) ->
     identity_cases = {r["case_id"] for r in run["results"] if r["pipeline"] == "identity"}
     assert len(identity_cases) == 10 and len(run["results"]) == 40
     assert {c["case_id"] for c in found["changes"]} == identity_cases  # and no rmsnorm case
-    assert {c["kind"] for c in found["changes"]} == {"new regression"}
+    assert {c["kind"] for c in found["changes"]} == {"new failure"}
     assert "10 cases pass at base and fail at head" in found["fail_reasons"]
 
 
@@ -182,10 +183,10 @@ def test_diff_pairs_differently_named_trees_and_flags_pass_to_fail(fork: Fork, t
     lines = result.stdout.splitlines()
     assert any(base in line and head in line and "--map" in line for line in lines)
     assert "5 results compared, on 1 paired targets" in result.stdout
-    regressions = [line for line in lines if line.startswith("new regression")]
+    regressions = [line for line in lines if line.startswith("new failure")]
     assert len(regressions) == 3 and all(" pass/fixed " in line and "/regression" in line for line in regressions)
     md = repro("diff", str(a), str(b), "--map", f"{base}={head}", "--format", "md", check_rc=1).stdout
-    assert md.startswith("## repro diff") and "**3 new regression**" in md
+    assert md.startswith("## repro diff") and "**3 new failure**" in md
     refused = repro("diff", str(a), str(b), "--map", f"{base}=nope", check_rc=2)
     assert "'nope' is not a target of run B" in refused.stderr
 
@@ -215,7 +216,7 @@ def test_reports_of_hundreds_of_failures_fit_a_pull_request() -> None:
                              "message": f"failure number {n % 150}: " + "x" * 900, "traceback": "tb " * 500})
     run["summary"] = reports.summarize(run)
     for fmt in ("md", "summary"):
-        text = reports.render(run, fmt)
+        text = formats.render(run, fmt)
         assert len(text) < PR_LIMIT, (fmt, len(text))  # each case was listed: well over 65,536 characters
         assert text.splitlines()[2].startswith("**❌ FAIL**: ")  # the verdict first, after the title
         assert "## Needs a look (400), 150 signatures" in text and "see report.html" in text
@@ -242,7 +243,7 @@ def test_provenance_and_a_dirty_tree_reach_every_report(tmp_path: Path) -> None:
     run["environment"]["targets"][0]["role_reasons"] = {"issue22": "a reason to show"}
     said = f"git {commit[:12]} detached at {commit[:12]}, dirty"
     warning = f"WARNING: {run['environment']['targets'][0]['spec']} is a dirty tree"
-    md, html, junit = (reports.render(run, fmt) for fmt in ("md", "html", "junit"))
+    md, html, junit = (formats.render(run, fmt) for fmt in ("md", "html", "junit"))
     assert said in md and warning in md and "a reason to show" in md
     assert said in html and warning in html and "a reason to show" in html
     assert f'name="git_commit" value="{commit}"' in junit and 'name="git_state" value="dirty"' in junit
@@ -270,7 +271,7 @@ def test_junit_has_an_error_testcase_for_each_result_a_finished_run_lacks() -> N
     lost = [{"target": spec, "case_id": f"issue22:lost-{n}", "reason": "its session exited with status -9"}
             for n in range(3)]
     run.update(complete=False, missing=3, not_run=lost)
-    root = ET.fromstring(reports.render(run, "junit").encode())
+    root = ET.fromstring(formats.render(run, "junit").encode())
     errors = root.findall(".//testcase/error[@type='missing']")
     assert len(errors) == 3 and int(root.get("errors")) == 3  # it said errors=0 while repro exited 1
     assert all("status -9" in e.get("message") for e in errors)

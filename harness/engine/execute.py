@@ -177,6 +177,20 @@ def call_not_applicable(case: Case, target: LoadedTarget, spec: str) -> str | No
     return None
 
 
+def coverage_gap(case: Case, target: LoadedTarget) -> str | None:
+    """Why a not-applicable case may be one the tree should have run: an op it lacks while `te.ops`
+    holds BasicOperation subclasses of names upstream never used (the op renamed?), or None."""
+    from cases.pipelines import ops_used
+
+    pipeline = case.get("pipeline")
+    missing = [op for op in target.missing_ops if op in ops_used(PIPELINES[pipeline])] if pipeline else []
+    if not missing or not target.unknown_ops:
+        return None
+    names = ", ".join(op.partition(":")[2] for op in target.unknown_ops)
+    return (f"te.ops lacks {missing[0]} but holds {names}, of no upstream name: if it is {missing[0]} renamed, add"
+            f' `[renamed_ops] {missing[0]} = "{target.unknown_ops[0]}"` to the fork config')
+
+
 @dataclass
 class Subject:
     """What one case calls and compares: the test side and the reference side, built from the

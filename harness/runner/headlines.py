@@ -9,6 +9,7 @@ from typing import Any
 
 from harness.model import BAD_VERDICTS, Outcome, Role, Verdict
 from harness.runner.expectations import unmet
+from harness.runner.status import known_bug_counts, unjudged
 
 NOT_RUN = (Outcome.NOT_APPLICABLE.value, Outcome.HARNESS_ERROR.value)
 
@@ -58,6 +59,14 @@ def regression_headline(run: dict[str, Any], regression: str) -> list[str]:
         lines.append(f"{spec} (role unknown: nothing says whether it has the fix) reproduces {reproduced} of"
                      f" {len(affected)} affected cases; declare it with [expect] {regression} = \"fixed\" or"
                      " \"affected\" in the fork config")
+    for spec in dict.fromkeys(r["target"] for r in results):
+        if known := known_bug_counts(run, spec, regression):
+            lines.append(f"{spec}: {sum(known.values())} cases failed with another catalogue regression's symptom"
+                         f" (not judged for {regression}): " + ", ".join(f"{rid} {n}" for rid, n in known.items()))
+    gaps = Counter((r["target"], r.get("coverage_gap") or "") for r in results
+                   if r["regression"] == regression and r["verdict"] == Verdict.NOT_JUDGED)
+    lines += [f"NOT JUDGED on {spec}: {n} cases; {gap}" for (spec, gap), n in gaps.items()]
+    lines += [f"COULD NOT BE JUDGED on {spec}: {why}" for spec, rid, why in unjudged(run) if rid == regression]
     lines += unmet(run, regression)  # first among the attention lines: a declared expectation not met
     bad = Counter(r["verdict"] for r in results if r["regression"] == regression and r["verdict"] in BAD_VERDICTS)
     lines.append("no other failure, regression, harness error or unexpected pass" if not bad else

@@ -267,7 +267,7 @@ class CaseChunk(pytest.Item):
             with _alarm(self.config.getoption("--repro-case-timeout")):
                 with guarded() as changed:
                     self.config.hook.pytest_repro_case_started(case_id=case.case_id)
-                    record = judge(case, spec, _state["target"], role, megatron_error)
+                    record = judge(case, spec, _state["target"], role, megatron_error, _state["roles"])
                 return _with_state_changes(record, changed)
         except CaseTimeout:
             return lost_case_record(case.case_id, spec, role, "per-case timeout", traceback.format_exc())

@@ -15,20 +15,23 @@ from cases.regressions import REGRESSIONS
 from harness.errors import TargetLoadError
 from harness.model import SCHEMA, Outcome, Role
 from harness.runner.textsafe import safe_value
-from harness.runner.verdicts import verdict
+from harness.runner.verdicts import judge as judged_by_rules
+from harness.runner.verdicts import known_bugs
 
 __all__ = ["SCHEMA", "judge", "lost_case_record"]
 
 
-def finish(case: Case, spec: str, role: Role, observed: dict[str, Any]) -> dict[str, Any]:
-    """The full record: the case's axes, the observation, the prediction, the verdict, and
-    whether a standalone reproducer can be written for it; its strings safe to send and store
+def finish(case: Case, spec: str, role: Role, observed: dict[str, Any],
+           roles: dict[str, str] | None = None) -> dict[str, Any]:
+    """The full record: the case's axes, the observation, the prediction, the verdict (against
+    every regression of the catalogue, given the tree's `roles` for each), and whether a
+    standalone reproducer can be written for it; its strings safe to send and store
     (harness.runner.textsafe), whatever the target raised."""
     from harness.engine.standalone import standalone_refusal
 
     observed = safe_value(observed)
     prediction = REGRESSIONS[case.regression].predict(case)
-    judged, reason = verdict(prediction, observed, role)
+    found = judged_by_rules(prediction, observed, role, known_bugs(REGRESSIONS, roles or {}, case.regression))
     refusal = standalone_refusal(case)
     return {
         "case_id": case.case_id, "target": spec, **case.as_dict(), **observed,
@@ -36,7 +39,8 @@ def finish(case: Case, spec: str, role: Role, observed: dict[str, Any]) -> dict[
         "expected": prediction.expected,
         "predicted": prediction.rule.symptom.description if prediction.rule else None,
         "rule": prediction.rule.name if prediction.rule else None,
-        "role": role.value, "verdict": judged.value, "verdict_reason": reason,
+        "role": role.value, "verdict": found.verdict.value, "verdict_reason": found.reason,
+        "attributed_to": found.attributed_to, "symptom": found.symptom,
     }
 
 
@@ -45,10 +49,12 @@ def _not_run(outcome: Outcome, check: str, note: str, error: dict[str, Any] | No
             "details": {}, "error": error, "side_effects": [], "known_deviations": [], "note": note, "duration_s": 0.0}
 
 
-def judge(case: Case, spec: str, target: Any, role: Role, megatron_error: str | None = None) -> dict[str, Any]:
+def judge(case: Case, spec: str, target: Any, role: Role, megatron_error: str | None = None,
+          roles: dict[str, str] | None = None) -> dict[str, Any]:
     """Run one case on a loaded target (or record why it cannot run), filed under `spec`
-    even when the target never loaded, so its results are counted, never lost."""
-    from harness.engine.execute import call_not_applicable, run_case
+    even when the target never loaded, so its results are counted, never lost. `roles`: the
+    tree's role for every regression of the catalogue, so a failure that is another's is named."""
+    from harness.engine.execute import call_not_applicable, coverage_gap, run_case
     from harness.engine.trial import run_trial
 
     if isinstance(target, TargetLoadError):
@@ -62,12 +68,14 @@ def judge(case: Case, spec: str, target: Any, role: Role, megatron_error: str | 
         why = (f"not applicable on this release: {spec}: {own}" if own
                else call_not_applicable(case, target, spec) if scenario.trial is None else None)
         if why:
-            return finish(case, spec, role, _not_run(Outcome.NOT_APPLICABLE, "applicability", why))
+            gap = coverage_gap(case, target) if not own else None
+            return finish(case, spec, role, {**_not_run(Outcome.NOT_APPLICABLE, "applicability", why),
+                                             **({"coverage_gap": gap} if gap else {})}, roles)
         observed = run_case(case, target) if scenario.trial is None else run_trial(case, target, scenario)
     except Exception as exc:  # noqa: BLE001 — a failure of the harness itself, never a pass
         observed = _not_run(Outcome.HARNESS_ERROR, "harness", "the harness failed building or judging the case",
                             {"type": type(exc).__name__, "message": str(exc), "location": None})
-    return finish(case, spec, role, observed)
+    return finish(case, spec, role, observed, roles)
 
 
 LOST_TYPES = {"worker died": "WorkerDied", "per-case timeout": "Timeout",

@@ -30,3 +30,13 @@ def review_specs(base: str, head: str, assessed: dict[str, list[dict[str, Any]]]
     """base, head, then each with every patch whose text applies to it."""
     patched = [f"{spec}+{a['patch']}" for spec in (base, head) for a in assessed[spec] if a["text"] == APPLIES]
     return [base, head, *patched]
+
+
+def patched_regressions(specs: list[str], assessed: dict[str, list[dict[str, Any]]]) -> dict[str, set[str]]:
+    """A patched variant runs only the regressions its patch fixes; base and head run every one."""
+    found = {}
+    for tree, assessments in assessed.items():
+        for a in assessments:
+            if f"{tree}+{a['patch']}" in specs:
+                found[f"{tree}+{a['patch']}"] = set(a["fixes"])
+    return found

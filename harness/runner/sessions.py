@@ -280,17 +280,29 @@ def _raise_interrupted(signum: int, _frame: Any) -> None:
     raise Interrupted(signal.Signals(signum).name)
 
 
-def plan_targets(selections: list[Selection], specs: list[str] | None) -> dict[str, list[Selection]]:
-    """Which regressions' cases each target runs: every selection on the given specs, or
-    each regression on its own default targets. Duplicate specs are refused."""
+def plan_targets(selections: list[Selection], specs: list[str] | None,
+                 regressions_of: dict[str, set[str]] | None = None) -> dict[str, list[Selection]]:
+    """Which regressions' cases each target runs: every selection on the given specs (only
+    `regressions_of[spec]` where given), or each regression on its own default targets.
+    Duplicate specs are refused."""
     if specs is not None and len(set(specs)) != len(specs):
         duplicated = sorted({s for s in specs if specs.count(s) > 1})
         raise UsageError(f"target {duplicated[0]} is given twice; name each target once")
     plan: dict[str, list[Selection]] = {}
     for selection in selections:
         for spec in specs if specs is not None else selection.regression.default_targets:
-            plan.setdefault(spec, []).append(selection)
+            if regressions_of is None or spec not in regressions_of or selection.regression.id in regressions_of[spec]:
+                plan.setdefault(spec, []).append(selection)
     return plan
+
+
+def catalogue_roles(prepared: targets.PreparedTarget, chosen: dict[str, tuple[Role, str]]) -> dict[str, str]:
+    """The tree's role for every regression of the catalogue: the run's own as decided, the others
+    from the tree, so the judge can name a failure that is another regression's symptom."""
+    from cases.regressions import REGRESSIONS
+
+    return {rid: (chosen[rid][0] if rid in chosen else role_of(regression, prepared)[0]).value
+            for rid, regression in REGRESSIONS.items()}
 
 
 def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out_dir: Path, workers: int, cache: Path,
@@ -299,7 +311,8 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
                role_override: Role | None = None, preset: str = "default",
                fork_config: str | None = None, selections: list[Selection] | None = None,
                pairs: set[tuple[str | None, str]] | None = None, tx: list[str] | None = None,
-               rsyncdirs: list[str] | None = None, load_timeout: float = LOAD_TIMEOUT_S) -> dict[str, Any]:
+               rsyncdirs: list[str] | None = None, load_timeout: float = LOAD_TIMEOUT_S,
+               regressions_of: dict[str, set[str]] | None = None) -> dict[str, Any]:
     """Run a matrix; `role_override` judges every target with one role (the sweep's unknown).
     A re-run passes its `selections` instead, and `pairs` (target or None for every target,
     case id) keeps only the results it asks for. `tx`: pytest-xdist `--tx` specs for every
@@ -307,7 +320,7 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     xdist to copy to remote workers."""
     if selections is None:
         selections = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}), preset=preset)
-    by_target = plan_targets(selections, specs)
+    by_target = plan_targets(selections, specs, regressions_of)
     out_dir = Path(os.path.abspath(out_dir))  # handed to the sessions as arguments
     rundir.check_writable(out_dir)
     prepared = {spec: targets.prepare(spec, cache, offline, fork_config) for spec in by_target}
@@ -335,8 +348,8 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     # A patch that does not apply leaves its target unrunnable: one target-level line, no case run there.
     blocked = {spec: target_problem(p) for spec, p in prepared.items() if p.patch_status == "conflict"}
     plan = [(prepared[spec], [c for s in chosen for c in runnable[s.regression.id] if wanted(spec, c)]
-             if spec not in blocked else [],
-             {rid: role.value for rid, (role, _) in roles[spec].items()}) for spec, chosen in by_target.items()]
+             if spec not in blocked else [], catalogue_roles(prepared[spec], roles[spec]))
+            for spec, chosen in by_target.items()]
     rundir.remove_stale(out_dir)
     jsonl = out_dir / "results.jsonl"
     jsonl.touch()  # there from the start, even while the first case of every session is still running
@@ -345,8 +358,9 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     rundir.write_atomic(out_dir / "run-meta.json", json.dumps({
         "matrix": matrix, "only": only or [], "targets": list(by_target), "expected_results": len(expected_keys),
         "expected_keys": expected_keys}))
-    for target, cases, target_roles in plan:
-        progress(f"{target.spec}: {len(cases)} cases to run ({', '.join(f'{r} {v}' for r, v in target_roles.items())})")
+    for target, cases, _ in plan:
+        progress(f"{target.spec}: {len(cases)} cases to run "
+                 f"({', '.join(f'{r} {v.value}' for r, (v, _) in roles[target.spec].items())})")
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     session_problems: list[str] = []
     try:

@@ -1,18 +1,83 @@
-"""Verdicts: an observation judged against its regression's rule and the target's role.
-Pure functions of stored facts, so a stored run keeps the meaning it was judged with."""
+"""Verdicts: an observation judged against its regression's rule, the target's role, and every
+other regression of the catalogue. Pure functions of stored facts, so a stored run keeps the
+meaning it was judged with.
+
+A failure that is not the predicted symptom of the case's own regression is looked up among
+the others' symptoms: on a tree expected to have that other bug it is a `known_bug`, named;
+on a tree expected to be fixed for it, a `regression` that names it (the bug came back).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from cases.regression import Prediction
+from cases.regression import Prediction, Regression, Symptom
 from harness.model import Outcome, Role, Verdict
 
 EXPECTS_BUG = (Role.UNPATCHED, Role.UNKNOWN)
 
 
+@dataclass(frozen=True)
+class KnownBug:
+    """Another regression of the catalogue, as the judge needs it: its symptoms and the tree's role for it."""
+
+    regression: str
+    role: Role
+    symptoms: tuple[Symptom, ...]
+
+
+@dataclass(frozen=True)
+class Judgement:
+    verdict: Verdict
+    reason: str
+    attributed_to: str | None = None  # the other regression whose symptom the failure is
+    symptom: bool = False  # the case's own regression's predicted symptom was observed (whatever the role)
+
+
+def known_bugs(catalogue: Mapping[str, Regression], roles: Mapping[str, str], own: str) -> tuple[KnownBug, ...]:
+    """Every regression but `own`, with the tree's role for it (unknown where none was computed)."""
+    return tuple(KnownBug(rid, Role(roles.get(rid, Role.UNKNOWN.value)), tuple(r.symptom for r in reg.rules))
+                 for rid, reg in catalogue.items() if rid != own)
+
+
+def attribute(observation: Mapping[str, Any], known: Sequence[KnownBug]) -> tuple[KnownBug, Symptom] | None:
+    """The other regression whose symptom the observed failure is, preferring one the tree is expected to have."""
+    found = [(bug, s) for bug in known for s in bug.symptoms if s.matches(observation)]
+    found.sort(key=lambda hit: hit[0].role not in EXPECTS_BUG)
+    return found[0] if found else None
+
+
+def judge(prediction: Prediction, observation: Mapping[str, Any], role: Role,
+          known: Sequence[KnownBug] = ()) -> Judgement:
+    """The verdict of one observation; `known`: the catalogue's other regressions."""
+    outcome = Outcome(observation["outcome"])
+    if outcome is Outcome.HARNESS_ERROR:
+        return Judgement(Verdict.HARNESS_ERROR, "the harness could not run or judge the case")
+    if outcome is Outcome.NOT_APPLICABLE:
+        note = observation.get("note") or "not applicable on this release"
+        if gap := observation.get("coverage_gap"):
+            return Judgement(Verdict.NOT_JUDGED, f"{note}; {gap}")
+        return Judgement(Verdict.NOT_APPLICABLE, note)
+    failed = outcome is not Outcome.PASS
+    ours = prediction.rule is not None and prediction.rule.symptom.matches(observation)
+    ours = ours or any(b.matches(observation) for b in prediction.fixed_behaviours)
+    if failed and not ours and (other := attribute(observation, known)):
+        bug, symptom = other
+        if bug.role in EXPECTS_BUG:
+            return Judgement(Verdict.KNOWN_BUG, f"{bug.regression}'s symptom: {symptom.description} (the tree is"
+                                                f" {bug.role} for {bug.regression}); not judged for this regression",
+                             bug.regression)
+        return Judgement(Verdict.REGRESSION, f"{bug.regression}'s symptom: {symptom.description}, on a tree"
+                                             f" {bug.role} for {bug.regression}: it came back", bug.regression)
+    verdict_, reason = verdict(prediction, observation, role)
+    return Judgement(verdict_, reason, symptom=failed and prediction.rule is not None
+                     and prediction.rule.symptom.matches(observation))
+
+
 def verdict(prediction: Prediction, observation: Mapping[str, Any], role: Role) -> tuple[Verdict, str]:
+    """The verdict against the case's own regression alone."""
     outcome = Outcome(observation["outcome"])
     if outcome is Outcome.HARNESS_ERROR:
         return Verdict.HARNESS_ERROR, "the harness could not run or judge the case"

@@ -42,6 +42,14 @@ OLD_NAMES = {"AddExtraInput": "AddInPlace"}
 # TE's compute ops the cases build, from te.ops, and the te.pytorch modules Megatron subclasses.
 COMPUTE_OPS = ("RMSNorm", "LayerNorm", "BasicLinear", "Bias", "GELU", "ReLU", "SwiGLU")
 TE_MODULES = ("RMSNorm", "LayerNorm")
+# The basic ops upstream's te.ops has held (2.1-2.20), by class name. A BasicOperation subclass of
+# another name in a tree's te.ops is the fork's own: where one of ours is missing, it may be that op renamed.
+UPSTREAM_BASIC_OPS = frozenset({
+    "AddExtraInput", "AddInPlace", "AllGather", "AllReduce", "BasicLinear", "Bias", "ClampedSwiGLU", "ConstantScale",
+    "Dropout", "GEGLU", "GELU", "GLU", "GroupedLinear", "Identity", "L2Normalization", "LayerNorm", "MakeExtraOutput",
+    "QGEGLU", "QGELU", "Quantize", "ReGLU", "ReLU", "ReduceScatter", "Reshape", "RMSNorm", "SReGLU", "SReLU",
+    "ScaledSwiGLU", "SiLU", "SwiGLU", "CastFloat8", "SiTUGLU", "ScaledClampedQGeGLU",
+})
 
 
 @dataclass
@@ -55,15 +63,16 @@ class LoadedTarget:
     te_modules: dict[str, Any] = field(default_factory=dict)  # te.pytorch module classes (RMSNorm, LayerNorm)
     kernel_standins: list[str] = field(default_factory=list)  # extension functions with CPU stand-ins
     extension_names: int = 0  # names the target reads from the extension
+    # Who computed the kernels: the harness's stand-ins, the tree's own Python module, or the native extension.
+    kernels: str = ""
+    unknown_ops: list[str] = field(default_factory=list)  # the tree's own BasicOperation subclasses (see UPSTREAM_BASIC_OPS)
 
     @property
     def description(self) -> str:
         te = ", ".join(self.te_ops)
         if self.prepared.backend == "native":
-            return f"native TE: every op is TE's own ({te})"
-        return (f"TE as shipped; stood in: the compiled extension ({len(self.kernel_standins)} kernels with CPU "
-                f"stand-ins, of {self.extension_names} names the target reads from it); TE's own: {te}; "
-                "device: no FP8 (compute capability 8.0)")
+            return f"native TE: every op is TE's own ({te}); kernels: {self.kernels}"
+        return (f"TE as shipped; kernels: {self.kernels}; TE's own: {te}; device: no FP8 (compute capability 8.0)")
 
 
 def _shell(name: str, directory: Path) -> types.ModuleType:
@@ -217,7 +226,32 @@ def _load_cpu(prepared: PreparedTarget) -> LoadedTarget:
     modules = {name: getattr(te, name) for name in TE_MODULES if hasattr(te, name)}
     return LoadedTarget(prepared, ops, te_ops, missing, te_dir, op_features(ops), te_modules=modules,
                         kernel_standins=[f"{module.__name__}.{k}" for k in stood_in],
-                        extension_names=len(extension.extension_names(te_dir)))
+                        extension_names=len(extension.extension_names(te_dir)),
+                        kernels=kernel_provider(module, len(stood_in), len(extension.extension_names(te_dir))),
+                        unknown_ops=own_basic_ops(te_ops_module, op_module.BasicOperation))
+
+
+def kernel_provider(standin: types.ModuleType, standins: int, names: int) -> str:
+    """Which code computes the kernels TE calls through `transformer_engine_torch`: the harness's
+    stand-ins, or the tree's own Python module registered under that name (a fork's dispatcher)."""
+    front = sys.modules.get("transformer_engine_torch")
+    if front is None or front is standin:
+        return f"the harness's CPU stand-ins ({standins} kernels, of {names} names the target reads)"
+    where = getattr(front, "__file__", None) or type(front).__name__
+    return (f"the tree's own Python module transformer_engine_torch ({where}); the harness stands in only"
+            f" {standin.__name__}")
+
+
+def own_basic_ops(te_ops_module: Any, base: type) -> list[str]:
+    """The BasicOperation subclasses `te.ops` exports under a name upstream never used, as
+    "module:Class" (module: its file in ops/basic/), the form `[renamed_ops]` takes."""
+    found = {}
+    for namespace in (te_ops_module, getattr(te_ops_module, "basic", None)):
+        for name, value in vars(namespace or object).items():
+            if (isinstance(value, type) and issubclass(value, base) and value is not base and not name.startswith("_")
+                    and name not in UPSTREAM_BASIC_OPS):
+                found[name] = f"{value.__module__.rpartition('.')[2]}:{name}"
+    return sorted(found.values())
 
 
 def _find_op(prepared: PreparedTarget, te_dir: Path, op_name: str, module_names: tuple[str, ...]) -> Any:
@@ -261,7 +295,8 @@ def load_native(prepared: PreparedTarget) -> LoadedTarget:
         else:
             missing[name] = f"te.ops has no {name}"
     te_dir = Path(te.__file__ or "").resolve().parent.parent
-    return LoadedTarget(prepared, ops, [n for n in names if n in ops], missing, te_dir, op_features(ops))
+    return LoadedTarget(prepared, ops, [n for n in names if n in ops], missing, te_dir, op_features(ops),
+                        kernels="the native extension", unknown_ops=own_basic_ops(te.ops, te.ops.BasicOperation))
 
 
 _LOADED: LoadedTarget | None = None

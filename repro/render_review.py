@@ -1,0 +1,139 @@
+"""review.md: the upstream-sync review for a pull request. It opens with the one recommendation
+line, then one row per regression (base, head, what to do with the patch), the reasons and
+warnings, the changed cases grouped by signature, and the details folded.
+
+Every table's cells are short (the specs sit in a legend, case ids in lists below the tables),
+so no table is wider than a pull-request comment. `review_block` is the head of report.html too.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from repro.render_md import code, details, fit, plain, table
+
+UPSTREAM_PR = re.compile(r"([\w.-]+/[\w.-]+) PR #(\d+)")
+GROUPS_LISTED = 12
+
+
+def linked(text: str) -> str:
+    """Plain Markdown with "OWNER/REPO PR #N" as a link to the pull request."""
+    out, last = [], 0
+    for match in UPSTREAM_PR.finditer(text):
+        out.append(plain(text[last:match.start()]))
+        out.append(f"[{plain(match.group(0))}](https://github.com/{match.group(1)}/pull/{match.group(2)})")
+        last = match.end()
+    return "".join(out) + plain(text[last:])
+
+
+def short_signature(text: str) -> str:
+    return text.replace("transformer_engine/pytorch/", "")
+
+
+def review_block(found: dict[str, Any]) -> list[str]:
+    """The recommendation and the per-regression table: the head of review.md and of report.html."""
+    mark = "✅ PASS" if found["status"] == "PASS" else "❌ FAIL"
+    lines = [f"# {mark} — {plain(found['recommendation'])}", ""]
+    rows = [[plain(cell) for cell in row] for row in found["table"]]
+    lines += table(["regression", "base", "head", "patch at head"], rows) + [""]
+    return lines
+
+
+def render_review(found: dict[str, Any], paths: dict[str, str] | None = None,
+                  ops: dict[str, Any] | None = None) -> str:
+    """PR-ready Markdown; `paths`: the run's reports, relative to the run dir; `ops`: what the
+    sync changed in transformer_engine/pytorch/ops/ (harness/targets/history.py), when known."""
+    lines = review_block(found)
+    legend = "; ".join(f"**{plain(label)}** = {code(spec, False)}" for spec, label in found["labels"].items())
+    lines += [f"{found['compared']} case results compared. {legend}.", ""]
+    if found["fail_reasons"]:
+        lines += ["**Failing because:**", *(f"- {plain(r)}" for r in found["fail_reasons"]), ""]
+    if found["warnings"]:
+        lines += ["**Warnings** (not failing the review):", *(f"- {plain(w)}" for w in found["warnings"]), ""]
+    advice = [f"- **{plain(reg['id'])}**: {plain(a)}" for reg in found["regressions"] for a in reg["advice"]]
+    lines += (["**What to do with each patch:**", *advice, ""] if advice else [])
+    lines += _groups(found["groups"], len(found["changes"]))
+    lines += _regression_details(found)
+    lines += _trees(found)
+    if ops:
+        body = ["```", *ops["stat"], "```", "", *(f"- {code(c, False)}" for c in ops["commits"])]
+        body += [f"- and {ops['more']} more"] if ops.get("more") else []
+        lines += details(f"What the sync changed in transformer_engine/pytorch/ops/ ({len(ops['commits'])}"
+                         f"{'+' if ops.get('more') else ''} commits)", body)
+    if paths:
+        lines += ["Reports: " + ", ".join(f"[{plain(name)}]({path})" for name, path in paths.items()), ""]
+    return fit("\n".join(lines).rstrip("\n") + "\n")
+
+
+def _groups(groups: list[dict[str, Any]], total: int) -> list[str]:
+    if not groups:
+        return ["## Changes, base → head", "", "None: every case has the same signature and verdict at base and head.",
+                ""]
+    rows = [[str(n), plain(g["kind"]), plain(g["regression"]), code(short_signature(g["base"])),
+             code(short_signature(g["head"])), str(g["count"])] for n, g in enumerate(groups[:GROUPS_LISTED], 1)]
+    lines = [f"## Changes, base → head: {total} cases in {len(groups)} groups", "",
+             *table(["#", "change", "regression", "base", "head", "cases"], rows), "",
+             *(f"{n}. e.g. " + ", ".join(code(i, False) for i in g["examples"]) for n, g in
+               enumerate(groups[:GROUPS_LISTED], 1)), ""]
+    if len(groups) > GROUPS_LISTED:
+        lines += [f"and {len(groups) - GROUPS_LISTED} more groups in review.json.", ""]
+    return lines
+
+
+def _regression_details(found: dict[str, Any]) -> list[str]:
+    lines = []
+    for reg in found["regressions"]:
+        about = "; ".join(x for x in (plain(reg["title"]), linked(reg["upstream"]) if reg["upstream"] else "",
+                                      f"fixed in {plain(reg['first_fixed'])}" if reg["first_fixed"] else "") if x)
+        body = [f"- **{side}** ({plain(reg[side]['role'])}): {plain(reg[side]['said'])}. Why this role:"
+                f" {plain(reg[side]['why'])}" for side in ("base", "head")]
+        for side in ("base", "head"):
+            for a in reg["patches"][side]:
+                fix = plain(a["fix"]) + (f" ({plain(a['fix_detail'])})" if a["fix_detail"] else "")
+                text = plain(a["text"]) + (f" ({plain(a['text_detail'])})" if a["text"] in ("stale", "conflict")
+                                           else "")
+                body.append(f"- {plain(a['patch'])} at {side}: the patch text {text}; the fix {fix}")
+        for spec, state in reg["patched"].items():
+            body.append(f"- with {plain(found['labels'].get(spec, spec))}: {plain(state['said'])}")
+        body += [f"- {plain(line)}" for line in reg["unmet"]]
+        lines += details(f"{plain(reg['id'])}: {about}" if about else plain(reg["id"]), body)
+    return lines
+
+
+def _trees(found: dict[str, Any]) -> list[str]:
+    trees = found["trees"]
+    body = [f"- **{side}**: {plain(trees[side]['provenance'])}; version {code(trees[side]['version'], False)};"
+            f" fuser.py {code(trees[side]['fuser_sha'], False)}; kernels: {plain(found['kernels'][side])}"
+            for side in ("base", "head")]
+    body += [f"- **WARNING: the {side} tree is dirty (uncommitted changes): its results belong to no commit.**"
+             for side in ("base", "head") if trees[side]["state"] == "dirty"]
+    return details("The trees", body)
+
+
+def terminal_line(found: dict[str, Any], review_path: str, limit: int = 200) -> str:
+    """The review's last terminal line: its verdict and recommendation, at most `limit` characters."""
+    text = f"review {found['status']}: {found['recommendation']}"
+    tail = f" | {review_path}"
+    if len(text) + len(tail) > limit:
+        text = text[: max(0, limit - len(tail) - 1)] + "…"
+    return (text + tail)[:limit]
+
+
+def github_annotations(found: dict[str, Any], run: dict[str, Any]) -> list[str]:
+    """GitHub Actions workflow commands: one `::error` per failing signature at head, at its TE file and line."""
+    head_labels = {spec for spec, label in found["labels"].items() if label.startswith("head")}
+    seen: dict[tuple[str, str], int] = {}
+    for record in run["results"]:
+        error = record.get("error") or {}
+        if record["target"] in head_labels and record["verdict"] in ("regression", "other_failure") and error:
+            key = (error.get("location") or "", f"{error.get('type')}: {(error.get('message') or '').splitlines()[0]}"
+                   if error.get("message") else str(error.get("type")))
+            seen[key] = seen.get(key, 0) + 1
+    out = []
+    for (location, message), n in seen.items():
+        file, _, line = location.rpartition(":")
+        where = f" file={file},line={line}" if file and line.isdigit() else ""
+        text = re.sub(r"[\r\n%]", " ", f"{n} cases at head: {message}")[:300]
+        out.append(f"::error{where}::{text}")
+    return out
