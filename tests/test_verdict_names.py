@@ -78,8 +78,8 @@ def test_a_regression_none_of_whose_cases_was_judged_fails_the_run() -> None:
     run = _run_of(not_applicable, {"issue22": "unpatched"})
     summary = summarize(run)
     assert summary["status"] == "FAIL" and summary["needs_attention"] == 0
-    assert summary["fail_reasons"] == ["issue22 could not be judged on t: none of its 3 cases was judged"
-                                       " (t lacks MakeExtraOutput)"]
+    assert summary["fail_reasons"] == [("issue22 could not be judged on t: none of its 3 cases was judged"
+                                        " (t lacks MakeExtraOutput)")]
     assert unjudged(_run_of(not_applicable, {"issue22": "predates"})) == []  # a release before the bug
     judged = [*not_applicable, {**not_applicable[0], "case_id": "issue22:c9", "outcome": "pass", "verdict": "fixed"}]
     assert summarize(_run_of(judged, {"issue22": "unpatched"}))["status"] == "PASS"
