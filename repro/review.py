@@ -202,14 +202,14 @@ def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[d
         reasons.append(missing)
     status = "FAIL" if reasons else "PASS"
     return {"schema": "repro.review/2", "base": base, "head": head, "labels": names, "status": status,
-            "recommendation": recommendation(status, reasons, regressions, changes),
+            "recommendation": recommendation(status, reasons, regressions, changes, same_kernels),
             "fail_reasons": reasons, "warnings": warnings, "regressions": regressions, "changes": changes,
             "groups": group_changes(changes, {}), "table": regression_rows(regressions), "compared": comparison.compared, "kernels": kernels,
             "trees": {side: _tree(run, spec) for side, spec in (("base", base), ("head", head))}}
 
 
 def recommendation(status: str, reasons: list[str], regressions: list[dict[str, Any]],
-                   changes: list[dict[str, Any]]) -> str:
+                   changes: list[dict[str, Any]], same_kernels: bool = True) -> str:
     """One line: merge, do not merge, or needs a look; the reason and the next step."""
     if status == "PASS":
         drops = [f"patches/{p}.patch" for reg in regressions for p in reg["drop_backport"]]
@@ -222,6 +222,9 @@ def recommendation(status: str, reasons: list[str], regressions: list[dict[str, 
             return (f"Do not merge: {reg['id']} is back at head (its symptom on {reg['head']['symptom']} of"
                     f" {reg['head']['affected']} affected cases); {step.split(' (with it')[0]}")
     new = sum(c["kind"] == "new failure" for c in changes)
+    if new and not same_kernels:
+        return (f"Needs a look: base and head ran different kernel code, so the {len(changes)} changed cases may be"
+                " the kernels', not the sync's; review both on one kernel provider")
     if new:
         return (f"Do not merge: {new} cases pass at base and fail at head; see the changes below"
                 " (repro bisect names the commit)")

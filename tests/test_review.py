@@ -277,3 +277,88 @@ def test_junit_has_an_error_testcase_for_each_result_a_finished_run_lacks() -> N
     assert all("status -9" in e.get("message") for e in errors)
     assert {c.get("name") for c in root.findall(".//testcase") if c.find("error") is not None} == \
         {item["case_id"] for item in lost}
+
+
+# ---- one verdict per review, the answer first (issue 23) ----
+
+@pytest.fixture(scope="module")
+def lost_fix_review(fork: Fork, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subprocess.CompletedProcess]:
+    """A review of the sync that lost the fix, as GitHub Actions would run it."""
+    import os
+
+    out = tmp_path_factory.mktemp("lost") / "review"
+    summary = out.parent / "step-summary.md"
+    env = {**os.environ, "GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)}
+    result = subprocess.run([sys.executable, "-m", "repro", "review", "--base", fork.spec("fork~1"), "--head",
+                             fork.spec("lost-fix"), *EXPOSING, "--out", str(out)], capture_output=True, text=True,
+                            cwd=REPO, env=env, check=False)
+    return out, result
+
+
+def test_a_sync_that_lost_the_fix_fails_in_every_report(lost_fix_review: tuple[Path, Any]) -> None:
+    import xml.etree.ElementTree as ET
+
+    out, result = lost_fix_review
+    assert result.returncode == 1, result.stdout + result.stderr
+    first = (out / "review.md").read_text().splitlines()[0]
+    assert first.startswith("# ❌ FAIL — Do not merge: issue22 is back at head") and \
+        first.endswith("re-apply patches/backport.patch: it applies"), first
+    assert "❌ FAIL — review: Do not merge: issue22 is back at head" in (out / "report.md").read_text()
+    html = (out / "report.html").read_text()
+    assert 'class="status-fail"' in html and 'id="recommendation"' in html and "Do not merge" in html
+    verdict = ET.parse(out / "junit.xml").getroot().find(".//testcase[@classname='repro_verdict']")
+    assert verdict.get("name") == "review" and verdict.find("failure").get("message").startswith("FAIL: Do not merge")
+    assert "Do not merge: issue22 is back at head" in (out.parent / "step-summary.md").read_text()
+    run = json.loads((out / "run.json").read_text())
+    assert run["summary"]["status"] == "FAIL" and run["review"]["status"] == "FAIL"
+    last = result.stdout.rstrip("\n").splitlines()[-1]
+    assert last.startswith("review FAIL: Do not merge") and len(last) <= 200, last
+    assert "::error file=transformer_engine/pytorch/ops/fuser.py,line=" in result.stdout
+
+
+def test_the_review_shows_what_the_sync_changed_in_ops(lost_fix_review: tuple[Path, Any], fork: Fork) -> None:
+    out, _ = lost_fix_review
+    text = (out / "review.md").read_text()
+    assert "transformer_engine/pytorch/ops/fuser.py |" in text and "guard fuser grad checks on non-leaf nodes" in text
+    assert "[NVIDIA/TransformerEngine PR \\#2919](https://github.com/NVIDIA/TransformerEngine/pull/2919)" in text
+    assert "[report.html](report.html)" in text and str(out) not in text  # links relative to the run dir
+    assert "**head+backport** = " in text and "| issue22 | patched: fixed 3/3 | fixed\\_upstream: bug back 3/3 ⚠ | backport: re-apply |" in text
+
+
+FRONT_WITH_OWN_RMSNORM = '''"""The fork's Python front of its compiled extension, with its own RMSNorm forward."""
+import sys
+import types
+
+import transformer_engine_torch_nv
+
+front = types.ModuleType("transformer_engine_torch")
+front.__dict__.update({k: v for k, v in vars(transformer_engine_torch_nv).items() if not k.startswith("__")})
+
+
+def rmsnorm_fwd(*args, **kwargs):
+    out, mu, rsigma = transformer_engine_torch_nv.rmsnorm_fwd(*args, **kwargs)
+    return out * 1.5, mu, rsigma
+
+
+front.rmsnorm_fwd = rmsnorm_fwd
+sys.modules["transformer_engine_torch"] = front
+'''
+
+
+def test_a_review_across_kernel_providers_says_so(tmp_path: Path, cache: Path) -> None:
+    from tests.test_renamed_extension import _renaming_fork
+
+    base = tmp_path / "base"
+    shutil.copytree(Path(_prepare("te-2.13.0").root) / "transformer_engine", base / "transformer_engine")
+    head = _renaming_fork(tmp_path / "head", cache, build_files=True)
+    (head / "transformer_engine/fork_front.py").write_text(FRONT_WITH_OWN_RMSNORM)
+    targets_out = repro("targets", f"path:{head}", check_rc=0).stdout
+    assert "kernels: the tree's own Python module transformer_engine_torch" in targets_out
+    out = tmp_path / "review"
+    repro("review", "--base", f"path:{base}", "--head", f"path:{head}", *TWO_PIPELINES, "--out", str(out), check_rc=1)
+    found = json.loads((out / "review.json").read_text())
+    assert found["kernels"]["base"].startswith("the harness's CPU stand-ins")
+    assert found["kernels"]["head"].startswith("the tree's own Python module transformer_engine_torch")
+    assert any("different code" in w for w in found["warnings"])
+    assert not any("pass at base and fail at head" in r for r in found["fail_reasons"])
+    assert found["recommendation"].startswith("Needs a look: base and head ran different kernel code")
