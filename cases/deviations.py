@@ -10,6 +10,7 @@ import re
 
 from cases.case import Case
 from cases.regression import Deviation
+from cases.releases import Releases
 
 
 def _fuser_applies_autograd(case: Case) -> bool:
@@ -30,18 +31,19 @@ MARKS_CALLER_INPUT = Deviation(
     applies=lambda case: case.input == "leaf" and _fuser_applies_autograd(case),
     why="releases up to 2.6.0.post1: the fuser's forward calls requires_grad_() on the caller's own input "
     "whenever a parameter needs a gradient (removed by NVIDIA/TransformerEngine PR #1900; seen here up to 2.6.0.post1, not from 2.7.0)",
+    releases=Releases("<2.7.0"),
 )
 
 
-def split_known(case: Case, deviations: tuple[Deviation, ...],
-                failed: dict[str, list[str]]) -> tuple[dict[str, list[str]], list[str]]:
-    """Separate the failures a deviation explains from the rest."""
+def split_known(case: Case, deviations: tuple[Deviation, ...], failed: dict[str, list[str]],
+                version: str) -> tuple[dict[str, list[str]], list[str]]:
+    """Separate the failures a deviation explains (on the target's `version`) from the rest."""
     remaining: dict[str, list[str]] = {}
     known: list[str] = []
     for check, messages in failed.items():
         for message in messages:
             rule = next((d for d in deviations if d.check == check and re.search(d.message, message)
-                         and d.applies(case)), None)
+                         and d.applies(case) and d.holds_on(version)), None)
             if rule:
                 known.append(f"{message} [{rule.why}]")
             else:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from cases.case import Case
 from cases.releases import Releases
 from cases.scenario import Scenario
@@ -91,6 +93,17 @@ class Deviation:
     message: str  # regex on the failure text
     applies: Callable[[Case], bool]
     why: str
+    # The releases where it was seen; None: every release. A tree whose version is no release
+    # number is outside any range: there the failure stays a failure.
+    releases: Releases | None = None
+
+    def holds_on(self, version: str) -> bool:
+        if self.releases is None:
+            return True
+        try:
+            return self.releases.contains(Version(version))
+        except InvalidVersion:
+            return False
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,8 @@ def _provenance(prepared: targets.PreparedTarget) -> str:
 def cmd_targets(args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
+    from cases.regressions import REGRESSIONS
+    from harness.runner.roles import predates_all
     from repro.reports import patch_text
 
     specs = [targets.canonical_spec(spec) for spec in args.specs or list(targets.DEFAULT_TARGETS)]
@@ -49,8 +51,11 @@ def cmd_targets(args: argparse.Namespace) -> int:
         status = "loaded" if not report["load_error"] else f"error: {report['load_error']}"
         patch = patch_text(asdict(prepared))
         if prepared.patch and prepared.patch_text:  # the reviewer's answer beside the two parts
-            patch += " — " + patching.Assessment(prepared.patch_text, prepared.patch_text_detail, prepared.patch_fix,
-                                                 prepared.patch_fix_detail).advice(prepared.patch)
+            fixes = [REGRESSIONS[r] for r in patching.load_patch(prepared.patch).fixes if r in REGRESSIONS]
+            patch += " — " + (f"no backport needed: release {prepared.version} predates what it fixes"
+                              if predates_all(fixes, prepared.version) else
+                              patching.Assessment(prepared.patch_text, prepared.patch_text_detail, prepared.patch_fix,
+                                                  prepared.patch_fix_detail).advice(prepared.patch))
         rows.append([prepared.spec, prepared.kind + ": " + prepared.source + _provenance(prepared), prepared.version,
                      f"{prepared.fuser_sha} ({prepared.content_sha})", patch, prepared.backend, status])
         if report.get("description"):

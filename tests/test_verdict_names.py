@@ -138,3 +138,33 @@ def test_changes_are_classified_by_signature(before: str, after: str, kind: str)
         return {"outcome": state, "verdict": "fixed" if state == "pass" else state, "failed_checks": [], "error": None}
 
     assert diff.kind_of(record(before), record(after)) == kind
+
+
+def test_a_deviation_holds_only_on_the_releases_where_it_was_seen() -> None:
+    from cases.deviations import MARKS_CALLER_INPUT, split_known
+
+    case = Case.from_id("issue22:ops-rmsnorm-enabled-leaf-trainable-none-single-dense-float32-cpu")
+    failed = {"caller_tensors": ["caller's x.requires_grad: False -> True, reference -> False"]}
+    explained = f"{failed['caller_tensors'][0]} [{MARKS_CALLER_INPUT.why}]"
+    assert split_known(case, (MARKS_CALLER_INPUT,), failed, "2.6.0") == ({}, [explained])
+    assert split_known(case, (MARKS_CALLER_INPUT,), failed, "2.16.0") == (failed, [])  # back in a later release
+    assert split_known(case, (MARKS_CALLER_INPUT,), failed, "unknown") == (failed, [])
+
+
+def test_a_tree_without_a_version_file_says_why_once_and_takes_one_from_its_config(tmp_path: Path,
+                                                                                   cache: Path) -> None:
+    from harness import targets
+
+    tree = tmp_path / "tree"
+    shutil.copytree(Path(targets.prepare("te-2.13.0", cache).root or "") / "transformer_engine",
+                    tree / "transformer_engine", ignore=shutil.ignore_patterns("__pycache__"))
+    megatron = ["--matrix", "issue22", "--only", "client=megatron_norm", "--only", "dtype=float32", "--only",
+                "pipeline=fused_residual_rmsnorm", "--only", "input=non_leaf", "--only", "recompute=none,megatron",
+                "-n", "1", "--targets", f"path:{tree}"]
+    result = repro("run", *megatron, "--out", str(tmp_path / "a"), check_rc=1)
+    cause = 'this tree has none (no VERSION.txt or dist-info); give it one in the fork config: version = "X.Y.Z"'
+    assert f"HARNESS ERROR on path:{tree}: " in result.stdout and cause in result.stdout, result.stdout
+    assert cause in (tmp_path / "a" / "report.md").read_text()
+    config = tmp_path / "fork.toml"
+    config.write_text('version = "2.13.0"\n')
+    repro("run", *megatron, "--fork-config", str(config), "--out", str(tmp_path / "b"), check_rc=0)

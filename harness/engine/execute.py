@@ -283,17 +283,17 @@ def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
             failed["gradients"] = f
     if f := checks.check_caller_tensors(test.before, test.after, ref.before, ref.after, flags_only=error is not None):
         failed["caller_tensors"] = f
-    record = checked(case, failed, error, started)
+    record = checked(case, failed, error, started, version=target.prepared.version)
     record["fused_ops"] = fused_ops_that_ran(subject.test)
     record.update(error_fields)
     return record
 
 
 def checked(case: Case, failed: dict[str, list[str]], error: dict[str, Any] | None, started: float,
-            note: str | None = None) -> dict[str, Any]:
+            note: str | None = None, version: str = "") -> dict[str, Any]:
     """The observation from the checks' failures: those a known deviation of the case's
     regression explains set apart, a crash first, the outcome from the first failed check."""
-    failed, known = split_known(case, REGRESSIONS[case.regression].deviations, failed)
+    failed, known = split_known(case, REGRESSIONS[case.regression].deviations, failed, version)
     if error is not None:
         failed = {"completion": [f"{error['type']}: {error['message'].splitlines()[0] if error['message'] else ''}"],
                   **failed}

@@ -102,6 +102,6 @@ def run_trial(case: Case, target: Any, scenario: Scenario) -> dict[str, Any]:
     if f := checks.check_caller_tensors(test.before, test.after, ref.before, ref.after, flags_only=error is not None):
         failed["caller_tensors"] = f
     note = f"the scenario left {'; '.join(left_behind)} changed (put back)" if left_behind else None
-    record = checked(case, failed, error, started, note)
+    record = checked(case, failed, error, started, note, target.prepared.version)
     record["observations"] = trial.test.observed
     return record

@@ -25,5 +25,6 @@ def install(target: LoadedTarget) -> list[str]:
         Version(sys.modules["transformer_engine"].__version__)
     except (InvalidVersion, AttributeError, KeyError):
         raise TargetLoadError(f"target {target.prepared.spec}: Megatron reads TE's version, and this tree has none "
-                              "(no VERSION.txt or dist-info)") from None
+                              "(no VERSION.txt or dist-info); give it one in the fork config:"
+                              ' version = "X.Y.Z"') from None
     return sorted(n for n in sys.modules if n.startswith("transformer_engine.pytorch.") and n.count(".") == 2)

@@ -63,10 +63,14 @@ def regression_headline(run: dict[str, Any], regression: str) -> list[str]:
         if known := known_bug_counts(run, spec, regression):
             lines.append(f"{spec}: {sum(known.values())} cases failed with another catalogue regression's symptom"
                          f" (not judged for {regression}): " + ", ".join(f"{rid} {n}" for rid, n in known.items()))
+    causes = Counter((r["target"], r.get("verdict_reason") or "") for r in results
+                     if r["regression"] == regression and r["verdict"] == Verdict.HARNESS_ERROR)
+    lines += [f"HARNESS ERROR on {spec}: {n} cases: {cause}" for (spec, cause), n in causes.items()]
     gaps = Counter((r["target"], r.get("coverage_gap") or "") for r in results
                    if r["regression"] == regression and r["verdict"] == Verdict.NOT_JUDGED)
     lines += [f"NOT JUDGED on {spec}: {n} cases; {gap}" for (spec, gap), n in gaps.items()]
-    lines += [f"COULD NOT BE JUDGED on {spec}: {why}" for spec, rid, why in unjudged(run) if rid == regression]
+    lines += [f"COULD NOT BE JUDGED on {spec}: {why}" for spec, rid, why in unjudged(run)
+              if rid == regression and spec not in {s for s, _ in causes}]  # a harness error's line says why
     lines += unmet(run, regression)  # first among the attention lines: a declared expectation not met
     bad = Counter(r["verdict"] for r in results if r["regression"] == regression and r["verdict"] in BAD_VERDICTS)
     lines.append("no other failure, regression, harness error or unexpected pass" if not bad else

@@ -94,3 +94,12 @@ def release_role(regression: Regression, version: Version) -> tuple[Role, str]:
     if affected.predates(version):
         return Role.PREDATES, f"release {version} predates the affected releases {affected}"
     return Role.FIXED_UPSTREAM, f"release {version} is outside the affected releases {affected}"
+
+
+def predates_all(regressions: list[Regression], version: str) -> bool:
+    """Whether a release comes before every one of these regressions (its patches are not needed)."""
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return False
+    return bool(regressions) and all(r.affected.predates(parsed) for r in regressions)

@@ -54,7 +54,7 @@ def judge(prediction: Prediction, observation: Mapping[str, Any], role: Role,
     """The verdict of one observation; `known`: the catalogue's other regressions."""
     outcome = Outcome(observation["outcome"])
     if outcome is Outcome.HARNESS_ERROR:
-        return Judgement(Verdict.HARNESS_ERROR, "the harness could not run or judge the case")
+        return Judgement(*verdict(prediction, observation, role))
     if outcome is Outcome.NOT_APPLICABLE:
         note = observation.get("note") or "not applicable on this release"
         if gap := observation.get("coverage_gap"):
@@ -79,8 +79,8 @@ def judge(prediction: Prediction, observation: Mapping[str, Any], role: Role,
 def verdict(prediction: Prediction, observation: Mapping[str, Any], role: Role) -> tuple[Verdict, str]:
     """The verdict against the case's own regression alone."""
     outcome = Outcome(observation["outcome"])
-    if outcome is Outcome.HARNESS_ERROR:
-        return Verdict.HARNESS_ERROR, "the harness could not run or judge the case"
+    if outcome is Outcome.HARNESS_ERROR:  # its cause, so that it reaches every report once per target
+        return Verdict.HARNESS_ERROR, observation.get("note") or "the harness could not run or judge the case"
     if outcome is Outcome.NOT_APPLICABLE:
         return Verdict.NOT_APPLICABLE, observation.get("note") or "not applicable on this release"
     failed = outcome is not Outcome.PASS

@@ -240,6 +240,8 @@ def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str
         key = f"installed-{sources.content_hash(root)}"
     config_path = forkconfig.find(root, fork_config) if spec.kind != "wheel" else None
     config, markers = forkconfig.load(config_path) if config_path else (forkconfig.ForkConfig(), {})
+    if config.version and version == "unknown":  # a tree without a version file, given one by its config
+        version = config.version
     status, detail, assessment = "none", "", None
     if patch is not None:
         extra = tuple(patching.Marker(**m) for fix in patch.fixes for m in markers.get(fix, []))

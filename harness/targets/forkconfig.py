@@ -16,6 +16,9 @@ A vendor fork may declare, in TOML:
     [expect]                                      # what the tree must be, per regression id
     issue22 = "fixed"                             # or "affected"; decides the target's role
 
+    version = "2.13.0"                            # the tree's version, where it has no version file
+                                                  # (top level, before any table)
+
 Stand-ins never replace the target's real modules: a symbol may be added to a module the
 CPU backend already stands in, or to a module neither the target nor the environment has.
 """
@@ -43,6 +46,17 @@ class ForkConfig(BaseModel):
     fixes: dict[str, Any] = {}
     renamed_ops: dict[str, str] = {}
     expect: dict[str, Expectation] = {}
+    version: str | None = None  # for a tree without build_tools/VERSION.txt (Megatron reads TE's version)
+
+    @field_validator("version")
+    @classmethod
+    def _release_version(cls, value: str | None) -> str | None:
+        from packaging.version import InvalidVersion, Version
+
+        try:
+            return None if value is None else str(Version(value))
+        except InvalidVersion:
+            raise ValueError(f"{value!r} is not a version (write e.g. \"2.13.0\")") from None
 
     @field_validator("standins")
     @classmethod
