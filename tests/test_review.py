@@ -362,3 +362,35 @@ def test_a_review_across_kernel_providers_says_so(tmp_path: Path, cache: Path) -
     assert any("different code" in w for w in found["warnings"])
     assert not any("pass at base and fail at head" in r for r in found["fail_reasons"])
     assert found["recommendation"].startswith("Needs a look: base and head ran different kernel code")
+
+
+def test_a_review_against_a_renamed_op_says_what_stopped_running(tmp_path: Path, cache: Path) -> None:
+    from tests.test_verdict_names import NARROW, _renamed_op_tree
+
+    base = tmp_path / "base"
+    shutil.copytree(Path(_prepare("te-2.13.0").root) / "transformer_engine", base / "transformer_engine")
+    head = _renamed_op_tree(tmp_path / "head", cache)
+    out = tmp_path / "review"
+    result = repro("review", "--base", f"path:{base}", "--head", f"path:{head}", *NARROW, "--out", str(out),
+                   check_rc=1)
+    found = json.loads((out / "review.json").read_text())
+    stopped = [g for g in found["groups"] if g["kind"] == "stopped running"]
+    assert stopped and all(g["head"] == "not run" for g in stopped)
+    assert any("ran at base and not at head (lost coverage" in r for r in found["fail_reasons"])
+    assert not any(g["kind"] == "newly fixed" for g in found["groups"])  # lost cases are never "fixed"
+    assert "stopped running" in (out / "review.md").read_text() and "review FAIL" in result.stdout
+    accepted = repro("review", "--base", f"path:{base}", "--head", f"path:{head}", *NARROW, "--out",
+                     str(tmp_path / "accepted"), "--accept-lost-coverage", check_rc=1)  # not_judged still fails
+    again = json.loads((tmp_path / "accepted" / "review.json").read_text())
+    assert not any("lost coverage" in r for r in again["fail_reasons"]) and "not_judged" in accepted.stdout + \
+        " ".join(again["fail_reasons"])
+
+
+def test_a_refusal_that_is_the_fix_counts_as_fixed_in_the_review() -> None:
+    from repro.review import target_state
+
+    refused = [{"target": "t", "regression": "extra_state_pickle", "case_id": f"extra_state_pickle:c{n}",
+                "outcome": "crash", "verdict": "fixed", "expected": "affected", "symptom": False} for n in range(2)]
+    run = {"environment": {"targets": [{"spec": "t", "roles": {"extra_state_pickle": "patched"}}]},
+           "results": refused}
+    assert target_state(run, "t", "extra_state_pickle")["said"] == "fixed on 2 of 2 affected cases"
