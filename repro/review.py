@@ -186,9 +186,11 @@ def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[d
             ("new failure", "pass at base and fail at head"), ("changed failure", "fail differently at head"),
             ("stopped running", "ran at base and not at head (lost coverage; --accept-lost-coverage to accept)"))
             if k in failing]
-    for problem in run.get("target_problems") or []:
-        side = names.get(problem["target"], problem["target"])
-        (warnings if side.startswith("base") else reasons).append(f"{side}: {problem['problem']}")
+    problems = {(names.get(p["target"], p["target"]), p["problem"].replace(p["target"], "the tree"))
+                for p in run.get("target_problems") or []}
+    for side, text in sorted(problems):
+        at_base_too = side.startswith("head") and ("base" + side[4:], text) in problems
+        (reasons if side.startswith("head") and not at_base_too else warnings).append(f"{side}: {text}")
     lost = {(names.get(spec, spec), rid): why for spec, rid, why in unjudged(run)}
     for (side, rid), why in lost.items():
         if side.startswith("head"):
@@ -213,8 +215,10 @@ def recommendation(status: str, reasons: list[str], regressions: list[dict[str, 
     """One line: merge, do not merge, or needs a look; the reason and the next step."""
     if status == "PASS":
         drops = [f"patches/{p}.patch" for reg in regressions for p in reg["drop_backport"]]
-        return "Merge: no regression at head" + (f"; drop {', '.join(drops)}: upstream's fix is present"
-                                                 if drops else "")
+        still = [f"{reg['id']} is still there, as at base" + (f": {reg['advice'][0]}" if reg["advice"] else "")
+                 for reg in regressions if reg["head"]["symptom"]]
+        return "; ".join(["Merge: no regression at head", *still]
+                         + ([f"drop {', '.join(drops)}: upstream's fix is present"] if drops else []))
     for reg in regressions:
         if reg["back"]:
             step = next((a for a in reg["advice"] if a.startswith("re-apply")), None) or \
