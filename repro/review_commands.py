@@ -18,7 +18,7 @@ from harness.runner import rundir
 from harness.runner.review import patch_assessments, review_specs
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
-from repro import validate
+from repro import review_bisect, validate
 from repro.progress import Progress, print_status_line
 from repro.reports import summarize, write_all_formats
 from repro.review import render_review, review
@@ -68,8 +68,9 @@ def cmd_review(args: argparse.Namespace) -> int:
         rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
         paths = write_all_formats(run, out_dir)
         found = review(run, args.base, args.head, assessed)
+        found["bisect"] = review_bisect.offers_for(run, args, out_dir)  # repro bisect per changed signature
         rundir.write_atomic(out_dir / "review.json", json.dumps(found, indent=1))
-        text = render_review(found, paths)
+        text = render_review(found, paths) + review_bisect.render_offers(found["bisect"])
         rundir.write_atomic(out_dir / "review.md", text)
     sys.stdout.write(text)
     print_status_line(run, {"review.md": str(out_dir / "review.md"), **paths})
@@ -106,4 +107,6 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="seconds (above 0) before a case is recorded as hung")
     p.add_argument("--megatron", metavar="VERSION|path:DIR",
                    help=f"the megatron-core the Megatron cases import (default {DEFAULT_VERSION})")
+    p.add_argument("--bisect", action="store_true", help="when base and head are revisions of one repository: run"
+                   " repro bisect for each changed signature and name its commit in review.md")
     p.set_defaults(func=cmd_review)

@@ -1,0 +1,94 @@
+"""Reading a TE checkout's history for `repro bisect`: the commits between two revisions,
+their merge base, a commit's subject, pull request and files, and the tag of a release.
+Read only, through the same git calls as `path:DIR@REV` (`revisions.git`): nothing here
+checks out, refreshes the index or runs the repository's hooks, filters or diff drivers."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from harness.errors import UsageError
+from harness.targets import revisions
+
+PR_IN_SUBJECT = (re.compile(r"\(#(\d+)\)\s*$"), re.compile(r"^Merge pull request #(\d+)\b"))
+GITHUB_REMOTE = re.compile(r"github\.com[:/]+([\w.-]+)/([\w.-]+?)(?:\.git)?/?$")
+
+
+def _out(directory: Path, *args: str) -> str:
+    done = revisions.git(directory, *args)
+    if done.returncode != 0:
+        raise UsageError(f"git {' '.join(args)} in {directory}: {done.stderr.strip() or 'failed'}")
+    return done.stdout.strip()
+
+
+def resolve(directory: Path, rev: str) -> str:
+    """The commit `rev` names in the repository holding `directory` (UsageError when none)."""
+    return revisions.commit_of(directory, rev)
+
+
+def repository(directory: Path) -> str:
+    """The repository's common git dir: two checkouts (worktrees) of one repository share it."""
+    return str((directory / _out(directory, "rev-parse", "--git-common-dir")).resolve())
+
+
+def is_ancestor(directory: Path, older: str, newer: str) -> bool:
+    return revisions.git(directory, "merge-base", "--is-ancestor", older, newer).returncode == 0
+
+
+def merge_base(directory: Path, a: str, b: str) -> str:
+    return _out(directory, "merge-base", a, b)
+
+
+def commits_between(directory: Path, good: str, bad: str, first_parent: bool = False) -> list[str]:
+    """The commits after `good` up to `bad`, oldest first (the first-parent chain with `first_parent`)."""
+    walk = ["--first-parent"] if first_parent else ["--ancestry-path"]
+    return _out(directory, "rev-list", "--reverse", "--topo-order", *walk, f"{good}..{bad}").split()
+
+
+def tag_for_version(directory: Path, version: str) -> str:
+    """The tag of release `version` (2.16.0: v2.16.0, then v2.16, then 2.16.0)."""
+    tried = [f"v{version}", f"v{version.removesuffix('.0')}" if version.count(".") == 2 else "", version]
+    for tag in dict.fromkeys(t for t in tried if t):
+        if revisions.git(directory, "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}").returncode == 0:
+            return tag
+    raise UsageError(f"release {version}: {directory} has no tag {' or '.join(t for t in tried if t)}"
+                     " (give path:DIR@REV instead)")
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    commit: str
+    parent: str | None  # the first parent
+    subject: str
+    pr: int | None
+    pr_link: str | None  # on GitHub, when the repository's origin is there
+    files: list[str]  # changed under transformer_engine/, against the first parent
+
+
+def pr_number(subject: str) -> int | None:
+    for pattern in PR_IN_SUBJECT:
+        if match := pattern.search(subject):
+            return int(match.group(1))
+    return None
+
+
+def github_repo(directory: Path) -> str | None:
+    """`OWNER/NAME` when the repository's origin is on GitHub."""
+    done = revisions.git(directory, "config", "--get", "remote.origin.url")
+    match = GITHUB_REMOTE.search(done.stdout.strip()) if done.returncode == 0 else None
+    return f"{match.group(1)}/{match.group(2)}" if match else None
+
+
+def commit_info(directory: Path, commit: str) -> CommitInfo:
+    subject = _out(directory, "log", "-1", "--no-show-signature", "--format=%s", commit)
+    parents = _out(directory, "log", "-1", "--format=%P", commit).split()
+    parent = parents[0] if parents else None
+    diff = ["diff-tree", "-r", "--no-commit-id", "--name-only", "--no-renames", "--no-ext-diff", "--no-textconv", "--relative"]
+    files = _out(directory, *diff, *((parent, commit) if parent else ("--root", commit)), "--",
+                 "transformer_engine").splitlines()
+    pr = pr_number(subject)
+    repo = github_repo(directory) if pr is not None else None
+    return CommitInfo(commit, parent, subject, pr, f"https://github.com/{repo}/pull/{pr}" if repo else None,
+                      [f for f in files if f])

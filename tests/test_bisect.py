@@ -1,0 +1,235 @@
+"""`repro bisect`: the search over a commit list with a fake judge (fast), and the command on a
+repository built here with git from the cached release trees (tests/forks.py's way): a chain
+from te-2.13.0 to te-2.16.0's fix with a commit that does not load, then a commit that loses
+the fix again. Never a fetched upstream."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from harness import targets
+from harness.runner import bisect
+from harness.runner.bisect import NoAnswer
+from harness.targets import history, sources
+from repro import reports
+from tests.conftest import repro
+from tests.forks import FUSER, QUANTIZED_TENSOR, git
+
+CASE = "issue22:ops-extra_output_only-no_grad-non_leaf-trainable-none-single-dense-float32-cpu"
+BUG = {"outcome": "crash", "verdict": "reproduced", "failed_checks": ["completion"],
+       "error": {"type": "RuntimeError", "location": "transformer_engine/pytorch/ops/fuser.py:141"}}
+PASS = {"outcome": "pass", "verdict": "fixed", "failed_checks": [], "error": None}
+
+
+def _judged(*records: dict[str, Any], case: str = "c") -> bisect.Judged:
+    return bisect.signatures([{"case_id": f"{case}{i}", **r} for i, r in enumerate(records)])
+
+
+class FakeHistory:
+    """Commits 0..N (0 the good end); `states[i]` the records at commit i, None: does not load."""
+
+    def __init__(self, states: list[list[dict[str, Any]] | None]) -> None:
+        self.states, self.asked = states, []
+
+    @property
+    def commits(self) -> list[str]:
+        return [f"c{i}" for i in range(1, len(self.states))]
+
+    def judge(self, commit: str) -> bisect.Judged | None:
+        self.asked.append(commit)
+        records = self.states[int(commit[1:])]
+        return None if records is None else _judged(*records)
+
+
+# ---- the search, with a fake judge ----
+
+def test_names_the_first_changed_commit_in_about_log2_steps() -> None:
+    fake = FakeHistory([[BUG]] * 40 + [[PASS]] * 25)
+    answer = bisect.bisect("c0", fake.commits, fake.judge)
+    assert answer.culprits == ["c40"] and answer.exact and answer.last_good == "c39"
+    assert len(fake.asked) <= 2 + 7  # the two ends, then log2(64)+1
+    assert bisect.describe(answer.before) == [
+        "1 case: crash RuntimeError at transformer_engine/pytorch/ops/fuser.py [completion]"]
+    assert bisect.describe(answer.after) == ["1 case: pass"]
+
+
+def test_a_broken_case_is_found_as_a_fixed_one() -> None:
+    fake = FakeHistory([[PASS, PASS]] * 6 + [[PASS, BUG]] * 3)
+    answer = bisect.bisect("c0", fake.commits, fake.judge)
+    assert answer.culprits == ["c6"] and bisect.changed_cases(answer.before, answer.after) == ["c1"]
+
+
+def test_commits_that_cannot_be_judged_are_skipped() -> None:
+    not_applicable = {**PASS, "outcome": "not_applicable", "verdict": "not_applicable"}
+    load_error = {**PASS, "outcome": "harness_error", "verdict": "harness_error"}
+    # Skipped commits away from the change: still one commit named.
+    fake = FakeHistory([[BUG]] * 3 + [None, [load_error]] + [[BUG]] * 3 + [[PASS]] * 4)
+    answer = bisect.bisect("c0", fake.commits, fake.judge)
+    assert answer.culprits == ["c8"]
+    # Right before the change: one of these K commits, the skipped ones first.
+    fake = FakeHistory([[BUG]] * 5 + [None, [not_applicable], None] + [[PASS]] * 3)
+    answer = bisect.bisect("c0", fake.commits, fake.judge)
+    assert answer.culprits == ["c5", "c6", "c7", "c8"] and not answer.exact
+    assert {s.commit for s in answer.steps if s.state == "skipped"} <= {"c5", "c6", "c7"}
+    assert all(s.why for s in answer.steps if s.state == "skipped")
+
+
+def test_compares_signatures_not_outcomes() -> None:
+    """The same outcome (crash) with another error type or file is a change: the commit that
+    moved the failure is named (a bisect comparing outcomes finds both ends alike)."""
+    moved = {**BUG, "error": {"type": "TypeError", "location": "transformer_engine/pytorch/ops/basic/rmsnorm.py:9"}}
+    fake = FakeHistory([[BUG]] * 4 + [[moved]] * 4)
+    assert bisect.bisect("c0", fake.commits, fake.judge).culprits == ["c4"]
+    other_checks = {**PASS, "outcome": "wrong_output", "failed_checks": ["outputs"]}
+    grads = {**other_checks, "failed_checks": ["outputs", "grads"]}
+    fake = FakeHistory([[other_checks]] * 2 + [[grads]] * 5)
+    assert bisect.bisect("c0", fake.commits, fake.judge).culprits == ["c2"]
+
+
+def test_ignores_verdicts_roles_and_line_numbers() -> None:
+    """A commit between releases reads the next .dev0 (role unknown): the same failure gets
+    another verdict there; and commits that edit fuser.py move its line. Neither is a change."""
+    between = {**BUG, "verdict": "other_failure", "error": {**BUG["error"], "location": BUG["error"]["location"]
+                                                            .replace(":141", ":150")}}
+    fake = FakeHistory([[BUG]] + [[between]] * 5 + [[PASS]])
+    assert bisect.bisect("c0", fake.commits, fake.judge).culprits == ["c6"]
+
+
+def test_no_answer_when_the_ends_agree_or_cannot_be_judged() -> None:
+    fake = FakeHistory([[BUG]] * 4)
+    with pytest.raises(NoAnswer, match="same state at both ends"):
+        bisect.bisect("c0", fake.commits, fake.judge)
+    fake = FakeHistory([None, [BUG], [PASS]])
+    with pytest.raises(NoAnswer, match="the good end .* cannot be judged"):
+        bisect.bisect("c0", fake.commits, fake.judge)
+
+
+def test_cases_not_judged_at_an_end_are_left_out() -> None:
+    not_applicable = {**PASS, "outcome": "not_applicable", "verdict": "not_applicable"}
+    fake = FakeHistory([[BUG, not_applicable]] * 3 + [[PASS, PASS]] * 2)
+    answer = bisect.bisect("c0", fake.commits, fake.judge)
+    assert answer.culprits == ["c3"] and answer.cases == ["c0"] and answer.dropped == ["c1"]
+
+
+def test_a_merge_base_unlike_the_good_end_is_no_answer() -> None:
+    fake = FakeHistory([[BUG], [BUG], [PASS], [PASS]])
+    answer = bisect.bisect("c0", ["c2", "c3"], fake.judge, base="c1")  # c1: the merge base, as good
+    assert answer.culprits == ["c2"] and answer.steps[2].role == "merge base"
+    with pytest.raises(NoAnswer, match="merge base c2"):
+        bisect.bisect("c0", ["c3"], fake.judge, base="c2")
+
+
+def test_subjects_name_their_pull_request() -> None:
+    assert history.pr_number("guard fuser grad checks on non-leaf nodes (#2919)") == 2919
+    assert history.pr_number("Merge pull request #12 from a/b") == 12
+    assert history.pr_number("fix (#12) in the middle") is None
+
+
+# ---- the command, on a repository built from the cached release trees ----
+
+def _write(repo: Path, relpath: Path | str, text: str) -> None:
+    (repo / relpath).write_text(text)
+
+
+def _commit(repo: Path, message: str) -> str:
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", message)
+    return git(repo, "rev-parse", "HEAD")
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    cache = sources.cache_dir()
+    old = Path(targets.prepare("te-2.13.0", cache).root)
+    new = Path(targets.prepare("te-2.16.0", cache).root)
+    repo = tmp_path_factory.mktemp("bisect") / "te"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    shutil.copytree(old / "transformer_engine", repo / "transformer_engine",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (repo / "build_tools").mkdir()
+    _write(repo, "build_tools/VERSION.txt", "2.13.0\n")
+    c = {"release": _commit(repo, "release 2.13.0")}
+    _write(repo, "build_tools/VERSION.txt", "2.16.0.dev0\n")  # its role is unknown from here on: verdicts change
+    c["dev"] = _commit(repo, "bump the version to 2.16.0.dev0")
+    ops_init = repo / "transformer_engine/pytorch/ops/__init__.py"
+    before = ops_init.read_text()
+    _write(repo, ops_init.relative_to(repo), before + "\nfrom .not_written_yet import Everything  # noqa\n")
+    c["no_load"] = _commit(repo, "start a refactor (does not import)")
+    _write(repo, ops_init.relative_to(repo), before)
+    c["loads"] = _commit(repo, "finish the refactor")
+    for relpath in (FUSER, QUANTIZED_TENSOR):
+        shutil.copy(new / relpath, repo / relpath)
+    c["fix"] = _commit(repo, "guard fuser grad checks on non-leaf nodes (#2919)")
+    _write(repo, "NOTES.md", "notes\n")
+    c["fixed"] = _commit(repo, "notes")
+    for relpath in (FUSER, QUANTIZED_TENSOR):
+        shutil.copy(old / relpath, repo / relpath)
+    c["lost"] = _commit(repo, "simplify the fuser (#3001)")
+    _write(repo, "NOTES.md", "more notes\n")
+    c["head"] = _commit(repo, "more notes")
+    # A user's work in progress, which the bisect must leave as it is.
+    _write(repo, "NOTES.md", "uncommitted\n")
+    _write(repo, "scratch.txt", "untracked\n")
+    git(repo, "stash", "-q")
+    _write(repo, "NOTES.md", "uncommitted again\n")
+    return repo, c
+
+
+def _repo_state(repo: Path) -> tuple[str, ...]:
+    return (git(repo, "status", "--porcelain", "--untracked-files=all"), git(repo, "stash", "list"),
+            git(repo, "rev-parse", "HEAD"), git(repo, "symbolic-ref", "HEAD"), (repo / "NOTES.md").read_text())
+
+
+def test_bisect_names_the_fix_and_the_break_and_never_changes_the_repository(
+        chain: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    repo, c = chain
+    untouched = _repo_state(repo)
+    out = tmp_path / "fix"
+    result = repro("bisect", "--good", f"path:{repo}@{c['release']}", "--bad", f"path:{repo}@{c['fixed']}",
+                   "--case", CASE, "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    answer = json.loads((out / "bisect.json").read_text())
+    assert answer["status"] == "found" and answer["commit"]["commit"] == c["fix"], result.stdout
+    assert answer["commit"]["pr"] == 2919 and sorted(answer["commit"]["files"]) == sorted(
+        [str(FUSER), str(QUANTIZED_TENSOR)])
+    assert answer["before"] == ["1 case: crash RuntimeError at transformer_engine/pytorch/ops/fuser.py [completion]"]
+    assert answer["after"] == ["1 case: pass"] and answer["last_good"] == c["loads"]
+    skipped = [s for s in answer["steps"] if s["state"] == "skipped"]
+    assert [s["commit"] for s in skipped] == [c["no_load"]]
+    assert c["fix"] in result.stdout and "#2919" in result.stdout and "repro run --case" in result.stdout
+    assert f"--targets 'path:{repo}@{c['loads'][:12]}'" in result.stdout or \
+        f"--targets path:{repo}@{c['loads'][:12]}" in result.stdout
+    step = next(s for s in answer["steps"] if s["commit"] == c["dev"]) if any(
+        s["commit"] == c["dev"] for s in answer["steps"]) else answer["steps"][0]
+    run = reports.load_run(Path(step["run_dir"]))  # each step is an ordinary run dir
+    assert run["results"] and run["environment"]["targets"][0]["provenance"]["git_commit"] == step["commit"]
+
+    out = tmp_path / "break"
+    result = repro("bisect", "--good", f"path:{repo}@{c['fixed']}", "--bad", f"path:{repo}@{c['head']}",
+                   "--case", CASE, "--out", str(out), "--format", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["commit"]["commit"] == c["lost"] and answer["commit"]["pr"] == 3001
+    assert answer["before"] == ["1 case: pass"] and answer["judged"] == 3
+    assert _repo_state(repo) == untouched
+
+
+def test_bad_input_is_one_line_and_status_2(chain: tuple[Path, dict[str, str]]) -> None:
+    repo, c = chain
+    for args, said in [
+        (["--good", f"path:{repo}@{c['release']}", "--bad", f"path:{repo}@{c['release']}", "--case", CASE],
+         "are both commit"),
+        (["--good", f"path:{repo}@{c['release']}", "--bad", f"path:{repo}@nope", "--case", CASE], "is not a commit"),
+        (["--good", "te-2.13.0", "--bad", "te-2.16.0", "--case", CASE], "needs --repo"),
+        (["--good", "te-2.13.0", "--bad", "te-2.16.0", "--repo", str(repo), "--case", CASE], "has no tag v2.13.0"),
+        (["--good", f"path:{repo}", "--bad", f"path:{repo}@{c['head']}", "--case", CASE], "give a git revision"),
+        (["--good", f"path:{repo}@{c['release']}", "--bad", f"path:{repo}@{c['head']}"], "give the cases"),
+    ]:
+        result = repro("bisect", *args, check_rc=2)
+        assert said in result.stderr and result.stderr.count("\n") == 1, result.stderr
