@@ -11,6 +11,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -81,11 +82,14 @@ def _no_step_summary() -> Iterator[None]:
             os.environ["GITHUB_STEP_SUMMARY"] = saved
 
 
+def _chosen(args: argparse.Namespace) -> list[str]:
+    return [x for case in args.case for x in ("--case", case)] if args.case else [
+        "--matrix", args.matrix, *(x for only in args.only or [] for x in ("--only", only))]
+
+
 def reproduce_command(args: argparse.Namespace, spec: str) -> str:
     """The `repro run` that shows one side of the answer."""
-    chosen = [x for case in args.case for x in ("--case", case)] if args.case else [
-        "--matrix", args.matrix, *(x for only in args.only or [] for x in ("--only", only))]
-    return shlex.join(["repro", "run", *chosen, "--targets", spec])
+    return shlex.join(["repro", "run", *_chosen(args), "--targets", spec])
 
 
 class Steps:
@@ -130,8 +134,8 @@ def _print_step(directory: Path, number: int, step: bisect.Step) -> None:
           flush=True)
 
 
-def _info(directory: Path, commit: str) -> dict[str, Any]:
-    return asdict(history.commit_info(directory, commit))
+def _info(directory: Path, commit: str, github: str | None) -> dict[str, Any]:
+    return asdict(history.commit_info(directory, commit, github))
 
 
 def answer_of(args: argparse.Namespace, steps: Steps, found: bisect.Answer | None, reason: str,
@@ -142,7 +146,7 @@ def answer_of(args: argparse.Namespace, steps: Steps, found: bisect.Answer | Non
                               "judged": steps.count}
     if found is None:
         return result
-    candidates = [_info(steps.directory, c) for c in found.culprits]
+    candidates = [_info(steps.directory, c, args.github) for c in found.culprits]
     before, after = (found.last_good, found.culprits[-1])
     result.update({
         "status": "found" if found.exact else f"one of {len(found.culprits)} commits", "reason": "",
@@ -153,12 +157,17 @@ def answer_of(args: argparse.Namespace, steps: Steps, found: bisect.Answer | Non
         "dropped_cases": found.dropped,
         "reproduce": {"before": reproduce_command(args, steps.spec(before[:12])),
                       "after": reproduce_command(args, steps.spec(after[:12]))}})
+    if found.after != found.bad_state:  # the cases changed again later: the bisect that finds the next change
+        result["next"] = shlex.join(["repro", "bisect", "--good", steps.spec(after[:12]), "--bad", args.bad,
+                                     *_chosen(args)])
     return result
 
 
 def cmd_bisect(args: argparse.Namespace) -> int:
     if args.format not in FORMATS:
         raise UsageError(f"--format {args.format!r}: valid: {', '.join(FORMATS)}")
+    if args.github is not None and not re.fullmatch(r"[\w.-]+/[\w.-]+", args.github):
+        raise UsageError(f"--github {args.github!r}: give OWNER/NAME, e.g. NVIDIA/TransformerEngine")
     matrix, selections = _selections(args)
     good_dir, good_rev = _end("--good", args.good, args.repo)
     bad_dir, bad_rev = _end("--bad", args.bad, args.repo)
@@ -182,8 +191,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     with rundir.claim(out_dir), megatron_env(megatron):
         steps = Steps(args, good_dir, matrix, selections, out_dir, cache)
         shown: list[bisect.Step] = []
-        print(f"repro bisect: {len(commits)} commits after the good end; about"
-              f" {math.ceil(math.log2(len(commits) + 1))} steps besides the two ends", file=sys.stderr, flush=True)
+        after = f"their merge base {base[:12]} (the good end is not an ancestor of the bad end)" if base else \
+            "the good end"
+        print(f"repro bisect: {len(commits)} commits after {after}; about {math.ceil(math.log2(len(commits) + 1))}"
+              " steps besides the ends", file=sys.stderr, flush=True)
 
         def on_step(step: bisect.Step) -> None:
             shown.append(step)
@@ -220,6 +231,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="walk only the first-parent chain from --good to --bad (a merge is one step)")
     p.add_argument("--out", help="dir of the bisect (default runs/bisect): bisect.json, bisect.md and one run dir"
                    " per judged commit (step-NN-COMMIT)")
+    p.add_argument("--github", metavar="OWNER/NAME", help="link pull requests on this GitHub repository (default:"
+                   " the checkout's origin when it is on GitHub; e.g. NVIDIA/TransformerEngine)")
     p.add_argument("--format", default="text", help=f"the answer on stdout: {', '.join(FORMATS)}")
     p.add_argument("-n", "--workers", type=validate.positive_int, default=1, help="xdist workers per step's run")
     p.add_argument("--case-timeout", type=validate.timeout_seconds, default=CASE_TIMEOUT_S,

@@ -75,9 +75,13 @@ def _render(answer: dict[str, Any], md: bool) -> list[str]:
                                             [[r[0], code(r[1]), plain(r[2]), code(r[3])] for r in state_rows]), ""]
     else:
         lines += [changed]
-        lines += [f"  {r[0]} ({r[1]}): {r[2]}\n    {r[3]}" for r in state_rows] + [""]
+        for side, states in (("before", answer["before"]), ("after", answer["after"])):
+            row = state_rows[0 if side == "before" else 1]
+            lines += [f"  {side} ({row[1]}): {row[3]}", *(f"    {line}" for line in states)]
+        lines.append("")
     if not answer["after_is_bad_end"]:
         lines += ["The state after it is not the bad end's (" + "; ".join(answer["bad_end"]) + "): later commits"
-                  " changed these cases again.", ""]
+                  " changed these cases again; the next change: " + (code(answer["next"], False) if md else
+                                                                     answer["next"]), ""]
     lines += ["Steps:", "", *_steps(answer, md)] if md else ["steps:", *_steps(answer, md)]
     return lines

@@ -233,3 +233,26 @@ def test_bad_input_is_one_line_and_status_2(chain: tuple[Path, dict[str, str]]) 
     ]:
         result = repro("bisect", *args, check_rc=2)
         assert said in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def test_review_offers_a_bisect_per_changed_signature(chain: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    from repro import review_bisect
+
+    repo, c = chain
+    base, head = f"path:{repo}@{c['release']}", f"path:{repo}@{c['fixed']}"
+    moved = {**BUG, "error": {"type": "TypeError", "location": "transformer_engine/pytorch/ops/op.py:3"}}
+    results = [{"case_id": f"issue22:x-{i}", "target": spec, **record}
+               for spec, records in ((base, [BUG, BUG, BUG, PASS]), (head, [PASS, PASS, moved, PASS]))
+               for i, record in enumerate(records)]
+    results.append({"case_id": "issue22:x-0", "target": f"{head}+backport", **BUG})  # a patched head: not offered
+    found = review_bisect.offers({"results": results}, base, head)
+    assert [(o["cases"], o["after"]) for o in found] == [
+        (2, "pass"), (1, "crash TypeError at transformer_engine/pytorch/ops/op.py [completion]")]
+    assert found[0]["argv"] == ["--good", base, "--bad", head, "--case", "issue22:x-0", "--case", "issue22:x-1"]
+    text = review_bisect.render_offers(found)
+    assert f"repro bisect --good {base}" in text or f"repro bisect --good '{base}'" in text
+    other = tmp_path / "other"
+    other.mkdir()
+    git(other, "init", "-q")
+    assert review_bisect.offers({"results": results}, base, f"path:{other}@HEAD") == []  # two repositories
+    assert review_bisect.offers({"results": results}, base, "te-2.16.0") == []

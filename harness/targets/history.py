@@ -81,7 +81,9 @@ def github_repo(directory: Path) -> str | None:
     return f"{match.group(1)}/{match.group(2)}" if match else None
 
 
-def commit_info(directory: Path, commit: str) -> CommitInfo:
+def commit_info(directory: Path, commit: str, github: str | None = None) -> CommitInfo:
+    """A commit's subject, first parent, pull request (linked on `github`, OWNER/NAME, else on the
+    origin's GitHub repository) and the files it changed under transformer_engine/."""
     subject = _out(directory, "log", "-1", "--no-show-signature", "--format=%s", commit)
     parents = _out(directory, "log", "-1", "--format=%P", commit).split()
     parent = parents[0] if parents else None
@@ -89,6 +91,6 @@ def commit_info(directory: Path, commit: str) -> CommitInfo:
     files = _out(directory, *diff, *((parent, commit) if parent else ("--root", commit)), "--",
                  "transformer_engine").splitlines()
     pr = pr_number(subject)
-    repo = github_repo(directory) if pr is not None else None
+    repo = (github or github_repo(directory)) if pr is not None else None
     return CommitInfo(commit, parent, subject, pr, f"https://github.com/{repo}/pull/{pr}" if repo else None,
                       [f for f in files if f])
