@@ -179,6 +179,9 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     out_dir = Path(os.path.abspath(args.out or Path("runs") / "bisect"))
     cache = sources.cache_dir(args.cache_dir)
     validate.check_out(out_dir, [f"path:{good_dir}"], cache)
+    rundir.check_run_dir(out_dir)
+    for name in ("bisect.json", "bisect.md"):
+        rundir.check_regular_output(out_dir / name, "--out")
     base = None if history.is_ancestor(good_dir, good, bad) else history.merge_base(good_dir, good, bad)
     commits = history.commits_between(good_dir, base or good, bad, args.first_parent)
     if not commits or commits[-1] != bad:
@@ -189,6 +192,8 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     megatron = megatron_for_run(None, selections, out_dir, cache, args.offline)
     started = time.time()
     with rundir.claim(out_dir), megatron_env(megatron):
+        for name in ("bisect.json", "bisect.md"):  # an earlier bisect's answer, never left beside this one's steps
+            (out_dir / name).unlink(missing_ok=True)
         steps = Steps(args, good_dir, matrix, selections, out_dir, cache)
         shown: list[bisect.Step] = []
         after = f"their merge base {base[:12]} (the good end is not an ancestor of the bad end)" if base else \

@@ -173,6 +173,17 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
     c["lost"] = _commit(repo, "simplify the fuser (#3001)")
     _write(repo, "NOTES.md", "more notes\n")
     c["head"] = _commit(repo, "more notes")
+    # A refactor that moves the failing call into a helper module: the case still crashes with
+    # the same RuntimeError (the outcome is unchanged), now from another file.
+    fuser = repo / FUSER
+    call = "y.requires_grad_(idx >= fuser.first_op_requiring_backward)"
+    assert call in fuser.read_text()
+    _write(repo, FUSER, fuser.read_text().replace(call, "_set_requires_grad(y, idx >= fuser.first_op_requiring_backward)")
+           .replace("\nimport torch\n", "\nimport torch\n\nfrom ._grad import set_requires_grad as _set_requires_grad\n", 1))
+    _write(repo, FUSER.parent / "_grad.py", "def set_requires_grad(tensor, flag):\n    tensor.requires_grad_(flag)\n")
+    c["moved"] = _commit(repo, "set requires_grad through a helper (#3002)")
+    _write(repo, "NOTES.md", "even more notes\n")
+    c["tip"] = _commit(repo, "even more notes")
     # A user's work in progress, which the bisect must leave as it is.
     _write(repo, "NOTES.md", "uncommitted\n")
     _write(repo, "scratch.txt", "untracked\n")
@@ -220,7 +231,24 @@ def test_bisect_names_the_fix_and_the_break_and_never_changes_the_repository(
     assert _repo_state(repo) == untouched
 
 
-def test_bad_input_is_one_line_and_status_2(chain: tuple[Path, dict[str, str]]) -> None:
+def test_bisect_compares_signatures_on_a_real_tree(chain: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """The same outcome at both ends (a crash), another signature: a bisect comparing
+    outcomes finds nothing to bisect."""
+    repo, c = chain
+    untouched = _repo_state(repo)
+    result = repro("bisect", "--good", f"path:{repo}@{c['head']}", "--bad", f"path:{repo}@{c['tip']}",
+                   "--case", CASE, "--out", str(tmp_path / "moved"), "--format", "json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    answer = json.loads(result.stdout)
+    assert answer["commit"]["commit"] == c["moved"] and answer["after"] == [
+        "1 case: crash RuntimeError at transformer_engine/pytorch/ops/_grad.py [completion]"]
+    assert _repo_state(repo) == untouched
+
+
+def test_bad_input_is_one_line_and_status_2(chain: tuple[Path, dict[str, str]],
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from repro.cli import main
+
     repo, c = chain
     for args, said in [
         (["--good", f"path:{repo}@{c['release']}", "--bad", f"path:{repo}@{c['release']}", "--case", CASE],
@@ -231,8 +259,9 @@ def test_bad_input_is_one_line_and_status_2(chain: tuple[Path, dict[str, str]]) 
         (["--good", f"path:{repo}", "--bad", f"path:{repo}@{c['head']}", "--case", CASE], "give a git revision"),
         (["--good", f"path:{repo}@{c['release']}", "--bad", f"path:{repo}@{c['head']}"], "give the cases"),
     ]:
-        result = repro("bisect", *args, check_rc=2)
-        assert said in result.stderr and result.stderr.count("\n") == 1, result.stderr
+        assert main(["bisect", *args]) == 2  # in this process: each case is refused before any run
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
 
 
 def test_review_offers_a_bisect_per_changed_signature(chain: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
