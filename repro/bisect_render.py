@@ -25,7 +25,8 @@ def _commit_lines(info: dict[str, Any], md: bool) -> list[str]:
     subject = plain(info["subject"]) if md else info["subject"]
     head = f"{code(info['commit'][:12]) if md else info['commit']} {subject}"
     pr = _pr(info, md)
-    lines = [head + (f" ({pr})" if pr and md else ""), *([f"  {pr}"] if pr and not md else [])]
+    linked = md and info.get("pr_link")  # without a link, the subject names the pull request already
+    lines = [head + (f" ({pr})" if linked else ""), *([f"  {pr}"] if pr and not md else [])]
     lines.append(("  " if not md else "") + "changed under transformer_engine/: " + (shown or "nothing"))
     return lines
 

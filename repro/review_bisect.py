@@ -91,8 +91,7 @@ def render_offers(found: list[dict[str, Any]]) -> str:
             continue
         if answer.get("commit"):
             info = answer["commit"]
-            pr = f" ([#{info['pr']}]({info['pr_link']}))" if info.get("pr_link") else (
-                f" (#{info['pr']})" if info.get("pr") else "")
+            pr = f" ([#{info['pr']}]({info['pr_link']}))" if info.get("pr_link") else ""  # else in the subject
             lines.append(f"  - first changed at {code(info['commit'][:12], False)} {plain(info['subject'])}{pr}")
         elif answer.get("candidates"):
             lines.append(f"  - {plain(answer['status'])}: " + ", ".join(

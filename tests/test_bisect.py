@@ -5,6 +5,7 @@ the fix again. Never a fetched upstream."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 from pathlib import Path
@@ -203,9 +204,11 @@ def test_bisect_names_the_fix_and_the_break_and_never_changes_the_repository(
     untouched = _repo_state(repo)
     out = tmp_path / "fix"
     result = repro("bisect", "--good", f"path:{repo}@{c['release']}", "--bad", f"path:{repo}@{c['fixed']}",
-                   "--case", CASE, "--out", str(out))
+                   "--case", CASE, "--out", str(out), "--github", "NVIDIA/TransformerEngine")
     assert result.returncode == 0, result.stdout + result.stderr
     answer = json.loads((out / "bisect.json").read_text())
+    assert answer["commit"]["pr_link"] == "https://github.com/NVIDIA/TransformerEngine/pull/2919"
+    assert "[#2919](https://github.com/NVIDIA/TransformerEngine/pull/2919)" in (out / "bisect.md").read_text()
     assert answer["status"] == "found" and answer["commit"]["commit"] == c["fix"], result.stdout
     assert answer["commit"]["pr"] == 2919 and sorted(answer["commit"]["files"]) == sorted(
         [str(FUSER), str(QUANTIZED_TENSOR)])
@@ -221,13 +224,28 @@ def test_bisect_names_the_fix_and_the_break_and_never_changes_the_repository(
     run = reports.load_run(Path(step["run_dir"]))  # each step is an ordinary run dir
     assert run["results"] and run["environment"]["targets"][0]["provenance"]["git_commit"] == step["commit"]
 
-    out = tmp_path / "break"
-    result = repro("bisect", "--good", f"path:{repo}@{c['fixed']}", "--bad", f"path:{repo}@{c['head']}",
-                   "--case", CASE, "--out", str(out), "--format", "json")
-    assert result.returncode == 0, result.stdout + result.stderr
-    answer = json.loads(result.stdout)
-    assert answer["commit"]["commit"] == c["lost"] and answer["commit"]["pr"] == 3001
-    assert answer["before"] == ["1 case: pass"] and answer["judged"] == 3
+    assert _repo_state(repo) == untouched
+
+
+def test_review_bisect_names_the_commit_that_broke_a_case(chain: tuple[Path, dict[str, str]], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """`repro review --bisect`'s part: a review run whose head fails a case its base passed
+    (base and head revisions of one repository) bisects it and names the commit."""
+    from repro import review_bisect
+
+    repo, c = chain
+    untouched = _repo_state(repo)
+    base, head = f"path:{repo}@{c['fixed']}", f"path:{repo}@{c['head']}"
+    run = {"results": [{"case_id": CASE, "target": base, **PASS}, {"case_id": CASE, "target": head, **BUG}]}
+    args = argparse.Namespace(base=base, head=head, bisect=True, cache_dir=None, offline=False)
+    (found,) = review_bisect.offers_for(run, args, tmp_path)
+    assert found["command"] == f"repro bisect --good {base} --bad {head} --case {CASE}"
+    answer = found["answer"]
+    assert answer["status"] == "found" and answer["commit"]["commit"] == c["lost"] and answer["judged"] == 3
+    assert answer["commit"]["pr"] == 3001 and (tmp_path / "bisect-1" / "bisect.json").is_file()
+    text = review_bisect.render_offers([found])
+    assert f"first changed at `{c['lost'][:12]}` simplify the fuser (\\#3001)\n" in text
+    assert c["lost"][:12] in capsys.readouterr().err  # the bisect's own answer went to stderr, not review.md's stdout
     assert _repo_state(repo) == untouched
 
 
