@@ -25,7 +25,7 @@ from cases.matrix import MAX_CASES_DEFAULT, generate, matrix_names, selections_o
 from harness import targets
 from harness.errors import TargetLoadError, UsageError
 from harness.runner import bisect, rundir
-from harness.runner.sessions import CASE_TIMEOUT_S, LOAD_TIMEOUT_S, run_matrix
+from harness.runner.sessions import CASE_TIMEOUT_S, LOAD_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import history, revisions, sources
 from repro import rerun, validate
 from repro.bisect_render import render
@@ -158,7 +158,8 @@ def answer_of(args: argparse.Namespace, steps: Steps, found: bisect.Answer | Non
         "reproduce": {"before": reproduce_command(args, steps.spec(before[:12])),
                       "after": reproduce_command(args, steps.spec(after[:12]))}})
     if found.after != found.bad_state:  # the cases changed again later: the bisect that finds the next change
-        result["next"] = shlex.join(["repro", "bisect", "--good", steps.spec(after[:12]), "--bad", args.bad,
+        bad = steps.spec(found.bad_commit[:12])
+        result["next"] = shlex.join(["repro", "bisect", "--good", steps.spec(after[:12]), "--bad", bad,
                                      *_chosen(args)])
     return result
 
@@ -210,6 +211,10 @@ def cmd_bisect(args: argparse.Namespace) -> int:
             reason = ""
         except bisect.NoAnswer as exc:
             found, reason = None, str(exc)
+        except (Interrupted, KeyboardInterrupt):
+            print(f"repro: interrupted; the runs of the {len(shown)} judged commits are kept in {out_dir}",
+                  file=sys.stderr)
+            return 130
         answer = answer_of(args, steps, found, reason, shown, ends)
         answer["wall_s"] = round(time.time() - started, 1)
         rundir.write_atomic(out_dir / "bisect.json", json.dumps(answer, indent=1))

@@ -80,6 +80,7 @@ class Answer:
     before: State  # the good end's state (at last_good)
     after: State  # the state at culprits[-1]
     bad_state: State
+    bad_commit: str
     cases: list[str]  # the cases compared: judged at both ends
     dropped: list[str]  # cases left out: not judged at one end
     steps: list[Step] = field(default_factory=list)
@@ -166,5 +167,5 @@ def bisect(good: str, commits: Sequence[str], judge: Judge, base: str | None = N
             hi, states[index] = index, state
             record(Step(commits[index], "step", "changed"))
     culprits = [commits[i] for i in range(lo + 1, hi) if i in skipped] + [commits[hi]]
-    return Answer(culprits, commits[lo] if lo >= 0 else last_good, good_state, states[hi], bad_state, both,
+    return Answer(culprits, commits[lo] if lo >= 0 else last_good, good_state, states[hi], bad_state, bad, both,
                   dropped, steps)
