@@ -156,6 +156,7 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
     (repo / "build_tools").mkdir()
     _write(repo, "build_tools/VERSION.txt", "2.13.0\n")
     c = {"release": _commit(repo, "release 2.13.0")}
+    git(repo, "tag", "v2.13")  # upstream tags a release vX.Y
     _write(repo, "build_tools/VERSION.txt", "2.16.0.dev0\n")  # its role is unknown from here on: verdicts change
     c["dev"] = _commit(repo, "bump the version to 2.16.0.dev0")
     ops_init = repo / "transformer_engine/pytorch/ops/__init__.py"
@@ -273,7 +274,7 @@ def test_bad_input_is_one_line_and_status_2(chain: tuple[Path, dict[str, str]],
          "are both commit"),
         (["--good", f"path:{repo}@{c['release']}", "--bad", f"path:{repo}@nope", "--case", CASE], "is not a commit"),
         (["--good", "te-2.13.0", "--bad", "te-2.16.0", "--case", CASE], "needs --repo"),
-        (["--good", "te-2.13.0", "--bad", "te-2.16.0", "--repo", str(repo), "--case", CASE], "has no tag v2.13.0"),
+        (["--good", "te-2.13.0", "--bad", "te-2.16.0", "--repo", str(repo), "--case", CASE], "has no tag v2.16.0"),
         (["--good", f"path:{repo}", "--bad", f"path:{repo}@{c['head']}", "--case", CASE], "give a git revision"),
         (["--good", f"path:{repo}@{c['release']}", "--bad", f"path:{repo}@{c['head']}"], "give the cases"),
     ]:
@@ -303,3 +304,15 @@ def test_review_offers_a_bisect_per_changed_signature(chain: tuple[Path, dict[st
     git(other, "init", "-q")
     assert review_bisect.offers({"results": results}, base, f"path:{other}@HEAD") == []  # two repositories
     assert review_bisect.offers({"results": results}, base, "te-2.16.0") == []
+
+
+def test_history_reads_the_range_and_the_release_tags(chain: tuple[Path, dict[str, str]]) -> None:
+    repo, c = chain
+    order = ["dev", "no_load", "loads", "fix", "fixed", "lost", "head", "moved", "tip"]
+    for first_parent in (False, True):
+        assert history.commits_between(repo, c["release"], c["tip"], first_parent) == [c[k] for k in order]
+    assert history.tag_for_version(repo, "2.13.0") == "v2.13"
+    assert history.is_ancestor(repo, c["release"], c["tip"]) and not history.is_ancestor(repo, c["tip"], c["dev"])
+    info = history.commit_info(repo, c["moved"])
+    assert info.parent == c["head"] and info.pr == 3002 and info.pr_link is None
+    assert info.files == [str(FUSER.parent / "_grad.py"), str(FUSER)]
