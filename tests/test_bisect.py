@@ -255,7 +255,7 @@ def test_bisect_compares_signatures_on_a_real_tree(chain: tuple[Path, dict[str, 
     outcomes finds nothing to bisect."""
     repo, c = chain
     untouched = _repo_state(repo)
-    result = repro("bisect", "--good", f"path:{repo}@{c['head']}", "--bad", f"path:{repo}@{c['tip']}",
+    result = repro("bisect", "--good", f"path:{repo}@{c['head']}", "--bad", f"path:{repo}@{c['moved']}",
                    "--case", CASE, "--out", str(tmp_path / "moved"), "--format", "json")
     assert result.returncode == 0, result.stdout + result.stderr
     answer = json.loads(result.stdout)

@@ -137,8 +137,9 @@ def bisect(good: str, commits: Sequence[str], judge: Judge, base: str | None = N
     bad_state, _ = _restrict(bad_judged, both)
     assert good_state is not None and bad_state is not None
     if good_state == bad_state:
-        raise NoAnswer(f"the {len(both)} cases have the same state at both ends ({'; '.join(describe(good_state))}):"
-                       " nothing to bisect", steps)
+        cases = f"the {len(both)} cases have" if len(both) != 1 else "the case has"
+        raise NoAnswer(f"{cases} the same state at both ends ({'; '.join(describe(good_state))}): nothing to bisect",
+                       steps)
     last_good = good
     if base is not None:
         base_state, why = _restrict(judge(base), both)
