@@ -82,7 +82,7 @@ def render_offers(found: list[dict[str, Any]]) -> str:
     """review.md's section: per changed signature, the command, and the commit when it ran."""
     if not found:
         return ""
-    lines = ["## Which upstream commit changed them", ""]
+    lines = ["", "## Which upstream commit changed them", ""]
     for offer in found:
         lines.append(f"- {offer['cases']} case{'s' if offer['cases'] != 1 else ''}: {code(offer['before'], False)} →"
                      f" {code(offer['after'], False)}: {code(offer['command'], False)}")
