@@ -161,9 +161,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="seconds to load the target and run the scenario before it is reported as timed out")
     p.set_defaults(func=cmd_minimal)
 
-    from repro import bench_commands, exec_command, report_commands, review_commands, run_commands, upstream_command
+    from repro import (
+        bench_commands,
+        bisect_command,
+        exec_command,
+        report_commands,
+        review_commands,
+        run_commands,
+        upstream_command,
+    )
 
-    for commands in (run_commands, report_commands, exec_command, bench_commands, review_commands, upstream_command):
+    for commands in (run_commands, report_commands, exec_command, bench_commands, review_commands, upstream_command,
+                     bisect_command):
         commands.add_parsers(sub, common)
     for name, subparser in sub.choices.items():
         subparser.formatter_class = HelpFormatter

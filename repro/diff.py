@@ -20,6 +20,8 @@ from typing import Any
 from tabulate import tabulate
 
 from harness.errors import UsageError
+from harness.runner.signature import signature as case_signature
+from harness.runner.signature import signature_text
 from harness.runner.textsafe import printable
 from repro import reports
 
@@ -84,10 +86,8 @@ def pair_targets(a: dict[str, Any], b: dict[str, Any], maps: list[tuple[str, str
 
 
 def _facts(record: dict[str, Any]) -> tuple[Any, ...]:
-    """What a change is judged on: outcome, verdict, error type and location, failed checks."""
-    error = record.get("error") or {}
-    return (record["outcome"], record["verdict"], error.get("type"), error.get("location"),
-            tuple(record.get("failed_checks") or ()))
+    """What a change is judged on: the signature (outcome, error type and file, failed checks) and the verdict."""
+    return record["outcome"], record["verdict"], case_signature(record)
 
 
 def state(record: dict[str, Any] | None) -> str:
@@ -106,19 +106,14 @@ def ran(record: dict[str, Any]) -> bool:
 
 
 def signature(record: dict[str, Any] | None) -> str:
-    """What a case did, without the verdict: `pass`, `not run`, or the failure's outcome, error and checks."""
+    """What a case did, without the verdict or the error's line (harness/runner/signature.py):
+    `pass`, `not run`, or the failure's outcome, error type and file, and failed checks."""
     if record is None:
         return "-"
-    if not ran(record):
+    sig = case_signature(record)
+    if not ran(record) or sig is None:
         return "not run"
-    if record["outcome"] == "pass":
-        return "pass"
-    text = record["outcome"]
-    if error := record.get("error"):
-        text += f" {error.get('type')}" + (f" at {error['location']}" if error.get("location") else "")
-    elif record.get("failed_checks"):
-        text += f" [{', '.join(record['failed_checks'])}]"
-    return text
+    return "pass" if record["outcome"] == "pass" else signature_text(sig)
 
 
 def kind_of(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:

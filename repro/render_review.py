@@ -41,9 +41,10 @@ def review_block(found: dict[str, Any]) -> list[str]:
 
 
 def render_review(found: dict[str, Any], paths: dict[str, str] | None = None,
-                  ops: dict[str, Any] | None = None) -> str:
+                  ops: dict[str, Any] | None = None, bisects: str = "") -> str:
     """PR-ready Markdown; `paths`: the run's reports, relative to the run dir; `ops`: what the
-    sync changed in transformer_engine/pytorch/ops/ (harness/targets/history.py), when known."""
+    sync changed in transformer_engine/pytorch/ops/ (harness/targets/history.py), when known;
+    `bisects`: the `repro bisect` offered per changed signature (repro/review_bisect.py)."""
     lines = review_block(found)
     legend = "; ".join(f"**{plain(label)}** = {code(spec, False)}" for spec, label in found["labels"].items())
     lines += [f"{found['compared']} case results compared. {legend}.", ""]
@@ -54,6 +55,7 @@ def render_review(found: dict[str, Any], paths: dict[str, str] | None = None,
     advice = [f"- **{plain(reg['id'])}**: {plain(a)}" for reg in found["regressions"] for a in reg["advice"]]
     lines += (["**What to do with each patch:**", *advice, ""] if advice else [])
     lines += _groups(found["groups"], len(found["changes"]))
+    lines += bisects.strip("\n").splitlines() + [""] if bisects else []
     lines += _regression_details(found)
     lines += _trees(found)
     if ops:

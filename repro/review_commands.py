@@ -21,7 +21,7 @@ from harness.runner.review import patch_assessments, patched_regressions, review
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
 from harness.targets.history import ops_changes
-from repro import validate
+from repro import review_bisect, validate
 from repro.formats import write_all_formats
 from repro.progress import Progress
 from repro.render_review import github_annotations, render_review, terminal_line
@@ -74,10 +74,12 @@ def cmd_review(args: argparse.Namespace) -> int:
         run["summary"] = summarize(run)
         rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
         write_all_formats(run, out_dir)
+        found["bisect"] = review_bisect.offers_for(run, args, out_dir)  # repro bisect per changed signature
         rundir.write_atomic(out_dir / "review.json", json.dumps(found, indent=1))
         relative = {"report.md": "report.md", "report.html": "report.html", "junit.xml": "junit.xml",
                     "review.json": "review.json"}
-        text = render_review(found, relative, _ops_changes(prepared, args.base, args.head))
+        text = render_review(found, relative, _ops_changes(prepared, args.base, args.head),
+                             review_bisect.render_offers(found["bisect"]))
         rundir.write_atomic(out_dir / "review.md", text)
     sys.stdout.write(text)
     if os.environ.get("GITHUB_ACTIONS") == "true":
@@ -127,4 +129,6 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help=f"the megatron-core the Megatron cases import (default {DEFAULT_VERSION})")
     p.add_argument("--accept-lost-coverage", action="store_true",
                    help="cases that ran at base and not at head (stopped running) do not fail the review")
+    p.add_argument("--bisect", action="store_true", help="when base and head are revisions of one repository: run"
+                   " repro bisect for each changed signature and name its commit in review.md")
     p.set_defaults(func=cmd_review)

@@ -5,7 +5,6 @@ also those inside functions."""
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 from tests.conftest import REPO
 

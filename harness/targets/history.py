@@ -1,35 +1,113 @@
-"""What a sync changed in the fuser's package between two commits of one repository: the diff
-stat of `transformer_engine/pytorch/ops/` and the commits that touched it. Git runs read-only,
-with the repository's own commands off (no fsmonitor, hooks, external diff or textconv)."""
+"""Reading a TE checkout's history for `repro bisect`: the commits between two revisions,
+their merge base, a commit's subject, pull request and files, and the tag of a release.
+Read only, through the same git calls as `path:DIR@REV` (`revisions.git`): nothing here
+checks out, refreshes the index or runs the repository's hooks, filters or diff drivers."""
 
 from __future__ import annotations
 
-import os
-import subprocess
+import re
+from dataclasses import dataclass
 from pathlib import Path
+
+from harness.errors import UsageError
+from harness.targets import revisions
+
+PR_IN_SUBJECT = (re.compile(r"\(#(\d+)\)\s*$"), re.compile(r"^Merge pull request #(\d+)\b"))
+GITHUB_REMOTE = re.compile(r"github\.com[:/]+([\w.-]+)/([\w.-]+?)(?:\.git)?/?$")
+
+
+def _out(directory: Path, *args: str) -> str:
+    done = revisions.git(directory, *args)
+    if done.returncode != 0:
+        raise UsageError(f"git {' '.join(args)} in {directory}: {done.stderr.strip() or 'failed'}")
+    return done.stdout.strip()
+
+
+def resolve(directory: Path, rev: str) -> str:
+    """The commit `rev` names in the repository holding `directory` (UsageError when none)."""
+    return revisions.commit_of(directory, rev)
+
+
+def repository(directory: Path) -> str:
+    """The repository's common git dir: two checkouts (worktrees) of one repository share it."""
+    return str((directory / _out(directory, "rev-parse", "--git-common-dir")).resolve())
+
+
+def is_ancestor(directory: Path, older: str, newer: str) -> bool:
+    return revisions.git(directory, "merge-base", "--is-ancestor", older, newer).returncode == 0
+
+
+def merge_base(directory: Path, a: str, b: str) -> str:
+    return _out(directory, "merge-base", a, b)
+
+
+def commits_between(directory: Path, good: str, bad: str, first_parent: bool = False) -> list[str]:
+    """The commits after `good` up to `bad`, oldest first (the first-parent chain with `first_parent`)."""
+    walk = ["--first-parent"] if first_parent else ["--ancestry-path"]
+    return _out(directory, "rev-list", "--reverse", "--topo-order", *walk, f"{good}..{bad}").split()
+
+
+def tag_for_version(directory: Path, version: str) -> str:
+    """The tag of release `version` (2.16.0: v2.16.0, then v2.16, then 2.16.0)."""
+    tried = [f"v{version}", f"v{version.removesuffix('.0')}" if version.count(".") == 2 else "", version]
+    for tag in dict.fromkeys(t for t in tried if t):
+        if revisions.git(directory, "rev-parse", "--verify", "--quiet", f"refs/tags/{tag}^{{commit}}").returncode == 0:
+            return tag
+    raise UsageError(f"release {version}: {directory} has no tag {' or '.join(t for t in tried if t)}"
+                     " (give path:DIR@REV instead)")
+
+
+@dataclass(frozen=True)
+class CommitInfo:
+    commit: str
+    parent: str | None  # the first parent
+    subject: str
+    pr: int | None
+    pr_link: str | None  # on GitHub, when the repository's origin is there
+    files: list[str]  # changed under transformer_engine/, against the first parent
+
+
+def pr_number(subject: str) -> int | None:
+    for pattern in PR_IN_SUBJECT:
+        if match := pattern.search(subject):
+            return int(match.group(1))
+    return None
+
+
+def github_repo(directory: Path) -> str | None:
+    """`OWNER/NAME` when the repository's origin is on GitHub."""
+    done = revisions.git(directory, "config", "--get", "remote.origin.url")
+    match = GITHUB_REMOTE.search(done.stdout.strip()) if done.returncode == 0 else None
+    return f"{match.group(1)}/{match.group(2)}" if match else None
+
+
+def commit_info(directory: Path, commit: str, github: str | None = None) -> CommitInfo:
+    """A commit's subject, first parent, pull request (linked on `github`, OWNER/NAME, else on the
+    origin's GitHub repository) and the files it changed under transformer_engine/."""
+    subject = _out(directory, "log", "-1", "--no-show-signature", "--format=%s", commit)
+    parents = _out(directory, "log", "-1", "--format=%P", commit).split()
+    parent = parents[0] if parents else None
+    diff = ["diff-tree", "-r", "--no-commit-id", "--name-only", "--no-renames", "--no-ext-diff", "--no-textconv", "--relative"]
+    files = _out(directory, *diff, *((parent, commit) if parent else ("--root", commit)), "--",
+                 "transformer_engine").splitlines()
+    pr = pr_number(subject)
+    repo = (github or github_repo(directory)) if pr is not None else None
+    return CommitInfo(commit, parent, subject, pr, f"https://github.com/{repo}/pull/{pr}" if repo else None,
+                      [f for f in files if f])
+
 
 OPS = "transformer_engine/pytorch/ops"
 COMMITS_LISTED = 30
-SAFE = ("-c", "core.fsmonitor=", "-c", "core.hooksPath=/dev/null", "-c", "diff.external=", "-c", "log.showSignature=false")
-
-
-def _git(directory: Path, *args: str) -> str | None:
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0", "GIT_EXTERNAL_DIFF": "", "GIT_PAGER": "cat"}
-    try:
-        done = subprocess.run(["git", *SAFE, "-C", str(directory), *args], capture_output=True, text=True,
-                              check=False, env=env, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return done.stdout if done.returncode == 0 else None
 
 
 def ops_changes(directory: Path, base: str, head: str) -> dict[str, object] | None:
-    """{"stat": [lines], "commits": ["sha subject", ...], "more": N} between two commits, or None
-    where git cannot say (not a repository, unknown commits)."""
-    stat = _git(directory, "diff", "--no-ext-diff", "--no-textconv", "--stat=100", f"{base}..{head}", "--", OPS)
-    log = _git(directory, "log", "--no-decorate", "--format=%h %s", f"{base}..{head}", "--", OPS)
-    if stat is None or log is None:
+    """What a sync changed in the fuser's package between two commits: {"stat": [lines],
+    "commits": ["sha subject", ...], "more": N}, or None where git cannot say."""
+    stat = revisions.git(directory, "diff", "--no-ext-diff", "--no-textconv", "--stat=100", f"{base}..{head}", "--", OPS)
+    log = revisions.git(directory, "log", "--no-decorate", "--no-show-signature", "--format=%h %s", f"{base}..{head}",
+                        "--", OPS)
+    if stat.returncode or log.returncode:
         return None
-    commits = log.splitlines()
-    return {"stat": stat.rstrip().splitlines(), "commits": commits[:COMMITS_LISTED],
+    commits = log.stdout.splitlines()
+    return {"stat": stat.stdout.rstrip().splitlines(), "commits": commits[:COMMITS_LISTED],
             "more": max(0, len(commits) - COMMITS_LISTED)}

@@ -31,6 +31,16 @@ def _git(directory: Path, *args: str, binary: bool = False) -> subprocess.Comple
                           check=False, env=env, timeout=120)
 
 
+def git(directory: Path, *args: str) -> subprocess.CompletedProcess:
+    """A read-only git command in `directory` (text output), as every revision look-up runs it."""
+    return _git(directory, *args)
+
+
+def commit_of(directory: Path, rev: str) -> str:
+    """The commit `rev` names in the git repository holding `directory` (UsageError when none)."""
+    return _commit(directory.expanduser().resolve(), rev)[0]
+
+
 def _commit(directory: Path, rev: str) -> tuple[str, str]:
     """(commit, tree-ish of `directory` at it) for `rev` in the git repository holding `directory`."""
     if not directory.is_dir():

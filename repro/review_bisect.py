@@ -1,0 +1,109 @@
+"""`repro review`'s offer of `repro bisect`: when base and head are revisions of one
+repository, for each signature change from base to head (the cases whose outcome, error
+type, error file or failed checks changed, grouped by before and after), the bisect command
+that names the upstream commit; with `--bisect`, its answer, run into the review's --out."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shlex
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+from harness import targets
+from harness.errors import UsageError
+from harness.runner import bisect
+from harness.targets import history, revisions
+from repro.render_md import code, plain
+
+CASES_PER_OFFER = 5  # a signature's first cases: they change at one commit, and each step stays small
+
+
+def _revision_dir(spec: str) -> Path | None:
+    parsed = targets.parse_spec(spec)
+    directory, rev = revisions.split(parsed.value) if parsed.kind == "path" and not parsed.patch else ("", None)
+    return Path(directory).expanduser().resolve() if rev is not None else None
+
+
+def one_repository(base: str, head: str) -> bool:
+    """Whether base and head are revisions (path:DIR@REV) of one git repository."""
+    dirs = [_revision_dir(base), _revision_dir(head)]
+    if None in dirs:
+        return False
+    try:
+        return history.repository(dirs[0]) == history.repository(dirs[1])  # type: ignore[arg-type]
+    except UsageError:
+        return False
+
+
+def offers(run: dict[str, Any], base: str, head: str) -> list[dict[str, Any]]:
+    """One offer per (signature at base, signature at head) pair that differs."""
+    if not one_repository(base, head):
+        return []
+    at_base = {r["case_id"]: bisect.signature(r) for r in run["results"] if r["target"] == base}
+    groups: dict[tuple[Any, Any], list[str]] = defaultdict(list)
+    for record in run["results"]:
+        if record["target"] != head or record["case_id"] not in at_base:
+            continue
+        before, after = at_base[record["case_id"]], bisect.signature(record)
+        if before is not None and after is not None and before != after:
+            groups[(before, after)].append(record["case_id"])
+    found = []
+    for (before, after), cases in sorted(groups.items(), key=lambda item: -len(item[1])):
+        chosen = cases[:CASES_PER_OFFER]
+        argv = ["--good", base, "--bad", head, *(x for case in chosen for x in ("--case", case))]
+        found.append({"before": bisect.signature_text(before), "after": bisect.signature_text(after),
+                      "cases": len(cases), "argv": argv, "command": shlex.join(["repro", "bisect", *argv])})
+    return found
+
+
+def run_offers(found: list[dict[str, Any]], out_dir: Path, args: argparse.Namespace) -> None:
+    """Run each offered bisect into out_dir/bisect-N (its answer on stderr) and keep its answer."""
+    from repro.bisect_command import cmd_bisect
+    from repro.cli import build_parser
+
+    for number, offer in enumerate(found, 1):
+        step_out = out_dir / f"bisect-{number}"
+        extra = ["--cache-dir", args.cache_dir] if args.cache_dir else []
+        parsed = build_parser().parse_args(["bisect", *offer["argv"], "--out", str(step_out), *extra,
+                                            *(["--offline"] if args.offline else [])])
+        with contextlib.redirect_stdout(sys.stderr):
+            cmd_bisect(parsed)
+        answer = json.loads((step_out / "bisect.json").read_text())
+        offer["answer"] = {k: answer.get(k) for k in ("status", "reason", "commit", "candidates", "judged")}
+        offer["answer"]["out"] = str(step_out)
+
+
+def render_offers(found: list[dict[str, Any]]) -> str:
+    """review.md's section: per changed signature, the command, and the commit when it ran."""
+    if not found:
+        return ""
+    lines = ["", "## Which upstream commit changed them", ""]
+    for offer in found:
+        lines.append(f"- {offer['cases']} case{'s' if offer['cases'] != 1 else ''}: {code(offer['before'], False)} →"
+                     f" {code(offer['after'], False)}: {code(offer['command'], False)}")
+        answer = offer.get("answer")
+        if answer is None:
+            continue
+        if answer.get("commit"):
+            info = answer["commit"]
+            pr = f" ([#{info['pr']}]({info['pr_link']}))" if info.get("pr_link") else ""  # else in the subject
+            lines.append(f"  - first changed at {code(info['commit'][:12], False)} {plain(info['subject'])}{pr}")
+        elif answer.get("candidates"):
+            lines.append(f"  - {plain(answer['status'])}: " + ", ".join(
+                f"{code(c['commit'][:12], False)} {plain(c['subject'])}" for c in answer["candidates"]))
+        else:
+            lines.append(f"  - no answer: {plain(answer.get('reason') or '')}")
+    return "\n".join(lines) + "\n"
+
+
+def offers_for(run: dict[str, Any], args: argparse.Namespace, out_dir: Path) -> list[dict[str, Any]]:
+    """The offers of a review run; each bisect run too with `--bisect`."""
+    found = offers(run, args.base, args.head)
+    if getattr(args, "bisect", False):
+        run_offers(found, out_dir, args)
+    return found
