@@ -5,7 +5,7 @@ per paired (target, case) the changes, kept apart by kind.
 Targets are paired by `--map A=B`, else by the same spec, else by the same role when that
 role is held by one target in each run (two worktrees of a fork have different specs). A
 result is compared by its signature: pass, not run (not applicable or not judged), or a
-failure's outcome, error type and location and failed checks. The kinds (`kind_of`):
+failure's outcome, error type and file and failed checks (never its line). The kinds (`kind_of`):
 pass → fail is a `new failure`; fail → pass `newly fixed`; one failure → another `changed
 failure` (a change that needs a look, never "passed at base"); ran → not run `stopped running`
 (lost coverage); not run → pass `started running`; a verdict that changed on the same signature
