@@ -137,9 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Run `repro COMMAND --help` for a command's options. Without a command, repro prints this help"
                " (exit status 0).\nexample: repro run --matrix issue22")
     parser.add_argument("--version", action="version", version=f"repro {_version()}")
-    common = validate.OneLineParser(add_help=False)
-    common.add_argument("--cache-dir", help=f"target cache (default ${sources.CACHE_ENV} or the XDG cache dir)")
-    common.add_argument("--offline", action="store_true", help="use only the cache; never download")
+    common = validate.common_options()
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     p = sub.add_parser("targets", parents=[common], help="list targets with their source, hash and patch status")

@@ -18,6 +18,7 @@ from harness import targets
 from harness.errors import UsageError
 from harness.runner import bisect
 from harness.targets import history, revisions
+from repro import validate
 from repro.render_md import code, plain
 
 CASES_PER_OFFER = 5  # a signature's first cases: they change at one commit, and each step stays small
@@ -63,16 +64,18 @@ def offers(run: dict[str, Any], base: str, head: str) -> list[dict[str, Any]]:
 
 def run_offers(found: list[dict[str, Any]], out_dir: Path, args: argparse.Namespace) -> None:
     """Run each offered bisect into out_dir/bisect-N (its answer on stderr) and keep its answer."""
-    from repro.bisect_command import cmd_bisect
-    from repro.cli import build_parser
+    from repro import bisect_command
 
+    # repro bisect's own parser, not the CLI's: the CLI imports the review, which imports this module
+    parser = validate.OneLineParser(prog="repro")
+    bisect_command.add_parsers(parser.add_subparsers(dest="command"), validate.common_options())
     for number, offer in enumerate(found, 1):
         step_out = out_dir / f"bisect-{number}"
         extra = ["--cache-dir", args.cache_dir] if args.cache_dir else []
-        parsed = build_parser().parse_args(["bisect", *offer["argv"], "--out", str(step_out), *extra,
-                                            *(["--offline"] if args.offline else [])])
+        parsed = parser.parse_args(["bisect", *offer["argv"], "--out", str(step_out), *extra,
+                                    *(["--offline"] if args.offline else [])])
         with contextlib.redirect_stdout(sys.stderr):
-            cmd_bisect(parsed)
+            bisect_command.cmd_bisect(parsed)
         answer = json.loads((step_out / "bisect.json").read_text())
         offer["answer"] = {k: answer.get(k) for k in ("status", "reason", "commit", "candidates", "judged")}
         offer["answer"]["out"] = str(step_out)

@@ -13,6 +13,7 @@ from harness import targets
 from harness.errors import UsageError
 from harness.runner import rundir
 from harness.runner.textsafe import printable
+from harness.targets import sources
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -21,6 +22,14 @@ class OneLineParser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         print(f"{self.prog}: error: {printable(message)} (see {self.prog} --help)", file=sys.stderr)
         sys.exit(2)
+
+
+def common_options() -> OneLineParser:
+    """The options every command takes (the target cache, offline), as a parent parser."""
+    common = OneLineParser(add_help=False)
+    common.add_argument("--cache-dir", help=f"target cache (default ${sources.CACHE_ENV} or the XDG cache dir)")
+    common.add_argument("--offline", action="store_true", help="use only the cache; never download")
+    return common
 
 
 def positive_int(text: str) -> int:

@@ -10,6 +10,7 @@ import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -170,8 +171,9 @@ def test_trial_puts_back_what_a_scenario_changed() -> None:
 
         return Trial(test=Steps(test), reference=Steps(lambda: (torch.ones(1),)), cleanup=lambda: cleaned.append(True))
 
-    class Target:
+    class Target:  # what run_trial reads of a loaded target
         te_dir = None
+        prepared = types.SimpleNamespace(version="2.13.0")
 
     scenario = Scenario("leaky", "changes process state", {"x": ("1",)}, trial=leaky)
     record = run_trial(Case("issue22", *(values[0] for values in REGRESSIONS["issue22"].axes.values())), Target(),
