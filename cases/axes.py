@@ -40,6 +40,8 @@ AXES: dict[str, tuple[str, ...]] = {
 # and whether it is a leaf.
 INPUTS_REQUIRING_GRAD = ("leaf_requires_grad", "non_leaf", "view")
 NON_LEAF_INPUTS = ("non_leaf", "view")
+# Leaves that need no grad: a fresh tensor, or one detached from a graph.
+LEAVES_WITHOUT_GRAD = ("leaf", "detached")
 
 
 def narrowed(over: dict[str, tuple[str, ...]] = AXES, **chosen: tuple[str, ...]) -> dict[str, tuple[str, ...]]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 
+from cases.axes import LEAVES_WITHOUT_GRAD
 from cases.case import Case
 from cases.regression import Deviation
 from cases.releases import Releases
@@ -28,7 +29,7 @@ PASS_THROUGH_REQUIRES_GRAD = Deviation(
 MARKS_CALLER_INPUT = Deviation(
     check="caller_tensors",
     message=r"caller's x\.requires_grad: False -> True",
-    applies=lambda case: case.input == "leaf" and _fuser_applies_autograd(case),
+    applies=lambda case: case.input in LEAVES_WITHOUT_GRAD and _fuser_applies_autograd(case),
     why="releases up to 2.6.0.post1: the fuser's forward calls requires_grad_() on the caller's own input "
     "whenever a parameter needs a gradient (removed by NVIDIA/TransformerEngine PR #1900; seen here up to 2.6.0.post1, not from 2.7.0)",
     releases=Releases("<2.7.0"),

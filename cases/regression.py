@@ -81,6 +81,17 @@ class Rule:
     symptom: Symptom
     why: str
     fixed_behaviours: tuple[Symptom, ...] = ()
+    # The same bug where another behaviour of the release hides the symptom's first sign
+    # (still this rule's prediction, each with its own description).
+    also_seen_as: tuple[Symptom, ...] = ()
+
+    @property
+    def symptoms(self) -> tuple[Symptom, ...]:
+        return (self.symptom, *self.also_seen_as)
+
+    def observed(self, observation: Mapping[str, Any]) -> Symptom | None:
+        """The predicted symptom the observation shows, or None."""
+        return next((s for s in self.symptoms if s.matches(observation)), None)
 
 
 @dataclass(frozen=True)

@@ -140,16 +140,33 @@ def test_changes_are_classified_by_signature(before: str, after: str, kind: str)
     assert diff.kind_of(record(before), record(after)) == kind
 
 
-def test_a_deviation_holds_only_on_the_releases_where_it_was_seen() -> None:
+@pytest.mark.parametrize("leaf", ["leaf", "detached"])  # a detached tensor is a leaf the fuser marks too
+def test_a_deviation_holds_only_on_the_releases_where_it_was_seen(leaf: str) -> None:
     from cases.deviations import MARKS_CALLER_INPUT, split_known
 
-    case = Case.from_id("issue22:ops-rmsnorm-enabled-leaf-trainable-none-single-dense-float32-cpu")
+    case = Case.from_id(f"issue22:ops-rmsnorm-enabled-{leaf}-trainable-none-single-dense-float32-cpu")
     failed = {"caller_tensors": ["caller's x.requires_grad: False -> True, reference -> False"]}
     explained = f"{failed['caller_tensors'][0]} [{MARKS_CALLER_INPUT.why}]"
     assert split_known(case, (MARKS_CALLER_INPUT,), failed, "2.6.0") == ({}, [explained])
     assert split_known(case, (MARKS_CALLER_INPUT,), failed, "2.16.0") == (failed, [])  # back in a later release
     assert split_known(case, (MARKS_CALLER_INPUT,), failed, "unknown") == (failed, [])
 
+
+
+def test_issue22_masked_by_the_fuser_marking_its_input_again_is_still_issue22() -> None:
+    # te-2.6.0, seen in `repro run --matrix all --targets te-2.6.0`: the no-grad step clears the
+    # caller's flag (issue 22); the next forward sets it again after building its graph (the
+    # MARKS_CALLER_INPUT deviation), so the flag ends as it began and x gets no gradient.
+    case = Case.from_id("issue22:ops-residual_mlp-enabled-leaf_requires_grad-trainable-none-recompute_pattern-"
+                        "dense-float32-cpu")
+    observed = {"outcome": "wrong_grad", "failed_checks": ["gradients"], "error": None, "side_effects": [],
+                "details": {"gradients": ["grad of x: missing, reference present"]}}
+    issue22 = REGRESSIONS["issue22"]
+    found = judge(issue22.predict(case), observed, Role.UNPATCHED, known_bugs(REGRESSIONS, {}, "issue22"))
+    assert found.verdict is Verdict.REPRODUCED and found.symptom
+    assert "marks the caller's input" in found.reason
+    other = {**observed, "details": {"gradients": ["grad of weight: max abs diff 0.5"]}}
+    assert judge(issue22.predict(case), other, Role.UNPATCHED).verdict is Verdict.OTHER_FAILURE
 
 def test_a_tree_without_a_version_file_says_why_once_and_takes_one_from_its_config(tmp_path: Path,
                                                                                    cache: Path) -> None:

@@ -9,7 +9,9 @@ tensor requires grad:
 - a non-leaf (a computed activation or a view): PyTorch raises the RuntimeError;
 - a leaf that requires grad: no error, but the caller's flag is silently cleared (what
   follows from that, a wrong gradient or a recompute wrapper's own complaint, is a
-  consequence; the rule names the side effect itself).
+  consequence; the rule names the side effect itself). Up to 2.6.0.post1 the fuser's next
+  forward with grad sets the flag back after building its graph: no side effect shows, and
+  x gets no gradient (the rule's second symptom).
 The fuser runs with grad disabled under no_grad or inference_mode, in the first forward
 of a reentrant checkpoint or Megatron's CheckpointFunction, and in the no_grad step of
 recompute_pattern. With grad enabled the calls set True, a legal no-op on a non-leaf.
@@ -151,6 +153,11 @@ REGRESSION = Regression(
                 side_effect=r"caller's x\.requires_grad: True -> False",
             ),
             why="requires_grad_(False) clears the caller's leaf flag",
+            also_seen_as=(Symptom(
+                "x gets no gradient: on a release whose fuser marks the caller's input again in its next forward "
+                "(up to 2.6.0.post1), the flag is set back only after that forward built its graph without x",
+                wrong_gradient=r"grad of x: missing",
+            ),),
         ),
     ),
     exclude=_exclude,

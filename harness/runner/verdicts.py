@@ -38,7 +38,7 @@ class Judgement:
 
 def known_bugs(catalogue: Mapping[str, Regression], roles: Mapping[str, str], own: str) -> tuple[KnownBug, ...]:
     """Every regression but `own`, with the tree's role for it (unknown where none was computed)."""
-    return tuple(KnownBug(rid, Role(roles.get(rid, Role.UNKNOWN.value)), tuple(r.symptom for r in reg.rules))
+    return tuple(KnownBug(rid, Role(roles.get(rid, Role.UNKNOWN.value)), tuple(s for r in reg.rules for s in r.symptoms))
                  for rid, reg in catalogue.items() if rid != own)
 
 
@@ -61,7 +61,7 @@ def judge(prediction: Prediction, observation: Mapping[str, Any], role: Role,
             return Judgement(Verdict.NOT_JUDGED, f"{note}; {gap}")
         return Judgement(Verdict.NOT_APPLICABLE, note)
     failed = outcome is not Outcome.PASS
-    ours = prediction.rule is not None and prediction.rule.symptom.matches(observation)
+    ours = prediction.rule is not None and prediction.rule.observed(observation) is not None
     ours = ours or any(b.matches(observation) for b in prediction.fixed_behaviours)
     if failed and not ours and (other := attribute(observation, known)):
         bug, symptom = other
@@ -73,7 +73,7 @@ def judge(prediction: Prediction, observation: Mapping[str, Any], role: Role,
                                              f" {bug.role} for {bug.regression}: it came back", bug.regression)
     verdict_, reason = verdict(prediction, observation, role)
     return Judgement(verdict_, reason, symptom=failed and prediction.rule is not None
-                     and prediction.rule.symptom.matches(observation))
+                     and prediction.rule.observed(observation) is not None)
 
 
 def verdict(prediction: Prediction, observation: Mapping[str, Any], role: Role) -> tuple[Verdict, str]:
@@ -88,8 +88,9 @@ def verdict(prediction: Prediction, observation: Mapping[str, Any], role: Role) 
         if failed:
             return Verdict.REGRESSION, f"no rule predicts a failure here ({prediction.reason}), observed {outcome}"
         return Verdict.UNAFFECTED, prediction.reason
-    symptom = prediction.rule.symptom
-    matched = symptom.matches(observation)
+    seen = prediction.rule.observed(observation)
+    symptom = seen or prediction.rule.symptom
+    matched = seen is not None
     # A declared fixed behaviour (a clear refusal) counts as fixed, never a different failure.
     as_fixed = next((b for b in prediction.fixed_behaviours if failed and b.matches(observation)), None)
     if role in EXPECTS_BUG:
