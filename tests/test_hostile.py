@@ -462,7 +462,14 @@ def test_fork_load_errors_name_file_line_module_and_symbol(fork: Path, tmp_path:
     op.write_text(original.replace("\nimport torch\n", "\nimport torch\nfrom ..quantization import npu_on\n"
                                    "from ..tensor.npu_tensor import NPU_TENSOR\n", 1))
     out = cli("targets", f"path:{fork}").stdout
-    assert "op.py:" in out and "transformer_engine.pytorch.quantization.npu_on" in out, out
+    assert "op.py:" in out and "imports npu_on from transformer_engine.pytorch.quantization, which has no such name" \
+        in out, out
+    # A fork's own extension may be a module object with no import name: the statement names the module.
+    op.write_text(original.replace("\nimport torch\n", "\nimport torch\nimport sys, types\n"
+                                   "_npu = types.ModuleType('npu'); del _npu.__name__; sys.modules['npu_ext'] = _npu\n"
+                                   "from npu_ext import npu_kernel\n", 1))
+    out = cli("targets", f"path:{fork}").stdout
+    assert "imports npu_kernel from npu_ext, which has no such name" in out and "unknown" not in out, out
     # A module the fork ships is never stood in; one that neither the fork nor the environment has may be.
     config = tmp_path / "fork.toml"
     config.write_text('[standins."transformer_engine.pytorch.quantization"]\nnpu_on = "false"\n')

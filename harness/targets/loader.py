@@ -119,8 +119,12 @@ def _import(target: str, name: str, te_dir: Path) -> types.ModuleType:
                               "the environment nor the CPU backend provides") from None
     except ImportError as exc:
         where = _importing_line(exc, te_dir) or name
-        symbol = f"{exc.name}.{_missing_symbol(exc)}" if exc.name and _missing_symbol(exc) else str(exc)
-        raise TargetLoadError(f"target {target}: {where} cannot import {symbol} ({exc})") from None
+        symbol = _missing_symbol(exc)
+        module = exc.name or _module_imported_at(where, te_dir)
+        if symbol and module:
+            raise TargetLoadError(f"target {target}: {where} imports {symbol} from {module}, "
+                                  f"which has no such name") from None
+        raise TargetLoadError(f"target {target}: {where} cannot import: {exc}") from None
     except Exception as exc:  # noqa: BLE001 — a SyntaxError or error at import time is the target's load error
         where = _importing_line(exc, te_dir) or name
         raise TargetLoadError(f"target {target}: importing {name} failed at {where}: "
@@ -129,6 +133,18 @@ def _import(target: str, name: str, te_dir: Path) -> types.ModuleType:
 
 def _missing_symbol(exc: ImportError) -> str | None:
     match = re.match(r"cannot import name '([^']+)'", str(exc))
+    return match.group(1) if match else None
+
+
+def _module_imported_at(where: str, te_dir: Path) -> str | None:
+    """The module a `from X import ...` statement at `file:line` names: a fork's own extension
+    module may have no import name, so the ImportError cannot say which module lacked the name."""
+    file, _, line = where.rpartition(":")
+    try:
+        source = (te_dir.parent / file).read_text(encoding="utf-8").splitlines()[int(line) - 1]
+    except (OSError, ValueError, IndexError, UnicodeDecodeError):
+        return None
+    match = re.match(r"\s*from\s+([\w.]+)\s+import", source)
     return match.group(1) if match else None
 
 
