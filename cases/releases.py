@@ -35,6 +35,22 @@ class Releases:
     def contains(self, version: Version) -> bool:
         return any(s.contains(version, prereleases=True) for s in self.sets)
 
+    def settles(self, version: Version) -> bool:
+        """Whether the version number alone tells if `version` is in these releases. A
+        development or pre-release number (`2.16.0.dev0`: any commit after the 2.15 releases
+        on the way to 2.16.0) cannot, when a bound of the ranges falls after the previous minor
+        release and up to its own release: the change may be before or after that commit."""
+        if not version.is_prerelease:
+            return True
+        major, minor, *_ = (*version.release, 0, 0)
+        previous = Version(f"{major}.{minor - 1}") if minor > 0 else Version(f"{max(major - 1, 0)}")
+        own = Version(version.base_version)
+        return not any(previous < bound <= own for bound in self.bounds())
+
+    def bounds(self) -> list[Version]:
+        """Every version a range starts or ends at."""
+        return [Version(s.version) for specifiers in self.sets for s in specifiers if "*" not in s.version]
+
     def lower_bound(self) -> Version | None:
         """The lowest release any range starts from; None when some range has no lower bound."""
         bounds = [_bound(s, (">=", ">", "==", "~=")) for s in self.sets]

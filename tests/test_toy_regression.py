@@ -23,9 +23,9 @@ from cases.regressions import REGRESSIONS
 from cases.releases import Releases
 from harness import targets
 from harness.model import Role, Verdict
-from harness.runner.roles import release_role
+from harness.runner.roles import release_role, role_of
 from harness.runner.verdicts import verdict
-from harness.targets import sources
+from harness.targets import PreparedTarget, sources
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -218,3 +218,28 @@ def test_sweep_tells_the_api_missing_from_affected() -> None:
     assert wider["declared_over_swept"] == ["2.6.0..2.10.0"]
     assert wider["disagree"] == ["2.10.0 (declared affected, observed fixed)",
                                  "2.6.0 (declared affected, not applicable: te.pytorch has no quantized_model_init)"]
+
+
+def _tree_with_version(version: str) -> PreparedTarget:
+    """A tree without a fix marker (no root to look in), reading `version`."""
+    return PreparedTarget(spec="path:fork", kind="path", source="path: fork", root=None, version=version,
+                          fuser_sha="", patch=None, patch_status="none", patch_detail="", backend="cpu")
+
+
+def test_a_version_between_releases_decides_only_where_its_number_settles_it() -> None:
+    """2.16.0.dev0 (any commit after 2.15 on the way to 2.16.0) and a fork's 2.14.0+npu say
+    nothing near a bound of the affected range; far from one they stand for their release."""
+    issue22, saved_twice = REGRESSIONS["issue22"], REGRESSIONS["saved_tensors_twice"]
+    assert str(issue22.affected) == ">=2.6.0,<2.16.0" and str(saved_twice.affected) == "<2.5.0"
+    roles = {(r.id, v): role_of(r, _tree_with_version(v))[0] for r in (issue22, saved_twice)
+             for v in ("2.16.0.dev0", "2.6.0.dev0", "2.10.0.dev0", "2.17.0.dev0", "2.14.0+npu", "2.16.0rc1+npu")}
+    assert roles == {
+        ("issue22", "2.16.0.dev0"): Role.UNKNOWN, ("issue22", "2.6.0.dev0"): Role.UNKNOWN,  # the fix or the bug lands in it
+        ("issue22", "2.10.0.dev0"): Role.UNPATCHED, ("issue22", "2.17.0.dev0"): Role.FIXED_UPSTREAM,
+        ("issue22", "2.14.0+npu"): Role.UNKNOWN,  # a fork of an affected release may carry a fix no marker knows
+        ("issue22", "2.16.0rc1+npu"): Role.UNKNOWN,
+        **{("saved_tensors_twice", v): Role.FIXED_UPSTREAM
+           for v in ("2.16.0.dev0", "2.6.0.dev0", "2.10.0.dev0", "2.17.0.dev0", "2.14.0+npu", "2.16.0rc1+npu")},
+    }
+    assert Releases("<2.16.1 || ==2.17.0").settles(Version("2.17.0.dev0")) is False
+    assert Releases("<2.16.1 || ==2.17.0").settles(Version("2.18.0.dev0")) is True

@@ -5,7 +5,8 @@ the regression and applies (or is in the tree); what the user declared (`[expect
 fork config); the fix found in the tree (an upstream marker, the fork's own, or our patch
 in the tree); else the release version against the regression's affected releases
 (specifier sets, cases/releases.py). A version that is not a release (`2.16.0.dev0`, a
-fork's `2.14.0+npu`) says nothing about the fix: unknown, never guessed unpatched.
+fork's `2.14.0+npu`) decides only where its number settles it (see `unreleased`): else
+unknown, never guessed unpatched.
 """
 
 from __future__ import annotations
@@ -60,13 +61,22 @@ def fix_in_tree(regression: Regression, prepared: PreparedTarget) -> tuple[Role,
     return None
 
 
-def unreleased(prepared: PreparedTarget, version: Version) -> tuple[Role, str] | None:
-    """A tree whose version is not a release (every upstream commit between two releases
-    reads the next one's .dev0; a fork may add its own local part): unknown."""
-    if prepared.kind != "wheel" and (version.is_prerelease or version.local is not None):
+def unreleased(regression: Regression, prepared: PreparedTarget, version: Version) -> tuple[Role, str] | None:
+    """A tree whose version is not a release: every upstream commit between two releases
+    reads the next one's .dev0, and a fork may add its own local part (`2.14.0+npu`).
+    Unknown where the number cannot tell: a development number near a bound of the
+    affected releases, or a fork of an affected release (it may carry a fix no marker
+    knows). Elsewhere the release it stands for decides (a fork of 2.14.0 has 2.5.0's fix)."""
+    if prepared.kind == "wheel" or not (version.is_prerelease or version.local is not None):
+        return None
+    affected = regression.affected
+    if not affected.settles(version) or (affected.contains(version) and not version.is_prerelease):
         return Role.UNKNOWN, (f"version {version} is not a release and nothing else says whether the tree has the"
                               " fix; declare it with [expect] in the fork config")
-    return None
+    role, why = release_role(regression, version)
+    if role is Role.UNPATCHED:  # a commit on the way to a release the regression is in, fix not recognised
+        return role, why.replace("release", "version", 1) + ", and no fix was recognised in the tree"
+    return role, why.replace("release", "version", 1)
 
 
 def role_of(regression: Regression, prepared: PreparedTarget) -> tuple[Role, str]:
@@ -81,7 +91,7 @@ def role_of(regression: Regression, prepared: PreparedTarget) -> tuple[Role, str
         version = Version(prepared.version)
     except InvalidVersion:
         return Role.UNKNOWN, f"version {prepared.version!r} is not a release number and no fix marker matched"
-    if found := unreleased(prepared, version):
+    if found := unreleased(regression, prepared, version):
         return found
     return release_role(regression, version)
 
