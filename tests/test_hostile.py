@@ -198,6 +198,10 @@ def test_damaged_unpacked_sources_are_unpacked_again(tmp_path: Path, cache: Path
     again = targets.prepare("te-2.13.0", private, offline=True)
     assert (Path(again.root or "") / FUSER).read_bytes() == good
     assert (Path(again.root or "") / "transformer_engine/pytorch/ops/sequential.py").is_file()
+    (root / "transformer_engine/pytorch/ops/fuser").mkdir()  # added alone: Python prefers it to fuser.py
+    (root / "transformer_engine/pytorch/ops/fuser/__init__.py").write_text("OperationFuser = None\n")
+    targets.prepare("te-2.13.0", private, offline=True)
+    assert not (root / "transformer_engine/pytorch/ops/fuser").exists()
     patched = Path(targets.prepare("te-2.13.0+backport", private, offline=True).root or "")
     fixed = (patched / FUSER).read_text()
     (patched / FUSER).write_text(fixed.replace("set_output_requires_grad", "edited_in_the_cache"))

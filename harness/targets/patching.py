@@ -14,15 +14,17 @@ or stale with the fix present: the tree runs as it is) or `conflict`.
 
 from __future__ import annotations
 
-import os
 import re
+import shutil
 import subprocess
+import tempfile
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
+from harness.targets import safegit
 
 PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
 NAME = r"[A-Za-z0-9_.-]+"
@@ -209,11 +211,27 @@ check_patch_paths = check_patch_file  # the earlier name
 
 
 def _git_apply(tree: Path, patch: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    # The ceiling keeps git from treating an enclosing repository as the tree.
-    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(tree.parent)}
-    return subprocess.run(
-        ["git", "apply", *flags, str(patch)], cwd=tree, capture_output=True, text=True, check=False, env=env
-    )
+    """`git apply FLAGS patch` on `tree`. A check runs in a scratch copy of the files the patch
+    touches, so git never reads the user's tree (its attributes and config could name a clean
+    filter); applying is only ever done to the harness's own staged copy."""
+    if "--check" not in flags:
+        return _run_git_apply(tree, patch, flags)
+    with tempfile.TemporaryDirectory(prefix="repro-apply-check-") as scratch:
+        copy = Path(scratch) / "tree"
+        copy.mkdir()
+        for relative in set(touched_paths(patch.read_text(encoding="utf-8", errors="replace"))):
+            source = tree / relative
+            if relative.startswith("/") or ".." in Path(relative).parts or not source.is_file():
+                continue
+            (copy / relative).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, copy / relative, follow_symlinks=False)
+        return _run_git_apply(copy, patch, flags)
+
+
+def _run_git_apply(tree: Path, patch: Path, flags: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
+    # No system or global config, and the ceiling keeps git from finding any repository around it.
+    return subprocess.run(["git", "apply", *flags, str(patch.resolve())], cwd=tree, capture_output=True, text=True,
+                          check=False, env=safegit.isolated_environment(tree.parent))
 
 
 # What the two parts read; `advice` turns them into the reviewer's answer.

@@ -1,17 +1,16 @@
-"""`path:DIR@REV`: a git revision of a source tree, exported into the cache with `git archive`,
-so the user's work tree, index and HEAD are never touched (no checkout, no worktree)."""
+"""`path:DIR@REV`: a git revision of a source tree, exported into the cache as the commit's exact
+blobs (`safegit`: no filters, attributes or other commands of the repository's own), so the
+user's work tree, index and HEAD are never touched (no checkout, no worktree)."""
 
 from __future__ import annotations
 
-import io
-import os
+import shutil
 import subprocess
-import tarfile
 import tempfile
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.targets import sources
+from harness.targets import safegit, sources
 
 # What a target needs from a commit: TE's package, its version file and the fork config.
 EXPORTED = ("transformer_engine", "build_tools", "VERSION.txt", ".te-repro.toml")
@@ -25,15 +24,9 @@ def split(value: str) -> tuple[str, str | None]:
     return head, rev
 
 
-def _git(directory: Path, *args: str, binary: bool = False) -> subprocess.CompletedProcess:
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}  # read only: never refresh the user's index
-    return subprocess.run(["git", "-C", str(directory), *args], capture_output=True, text=not binary,
-                          check=False, env=env, timeout=120)
-
-
 def git(directory: Path, *args: str) -> subprocess.CompletedProcess:
     """A read-only git command in `directory` (text output), as every revision look-up runs it."""
-    return _git(directory, *args)
+    return safegit.run(directory, *args)
 
 
 def commit_of(directory: Path, rev: str) -> str:
@@ -45,32 +38,38 @@ def _commit(directory: Path, rev: str) -> tuple[str, str]:
     """(commit, tree-ish of `directory` at it) for `rev` in the git repository holding `directory`."""
     if not directory.is_dir():
         raise UsageError(f"path:{directory}@{rev}: {directory} is not a directory")
-    commit = _git(directory, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    commit = git(directory, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
     if commit.returncode != 0:
         raise UsageError(f"path:{directory}@{rev}: {rev!r} is not a commit of the git repository at {directory}"
                          " (give a branch, tag or commit, e.g. path:DIR@HEAD~1)")
     sha = commit.stdout.strip()
-    prefix = _git(directory, "rev-parse", "--show-prefix").stdout.strip()
+    prefix = git(directory, "rev-parse", "--show-prefix").stdout.strip().rstrip("/")
     return sha, (f"{sha}:{prefix}" if prefix else sha)
 
 
 def _extract(directory: Path, rev: str, tree_ish: str, names: list[str], dest: Path) -> None:
-    archive = _git(directory, "archive", "--format=tar", tree_ish, "--", *names, binary=True)
-    if archive.returncode != 0:
-        raise UsageError(f"path:{directory}@{rev}: git archive failed: "
-                         f"{archive.stderr.decode(errors='replace').strip()}")
-    with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-        tar.extractall(dest, filter="data")
+    safegit.export_blobs(directory, tree_ish, names, dest, f"path:{directory}@{rev}")
 
 
 def export_path(directory: Path, rev: str, name: str, dest: Path) -> Path:
     """One path of `directory` at `rev` (e.g. `tests/pytorch`), extracted under `dest`; returns it there."""
     directory = directory.expanduser().resolve()
     sha, tree_ish = _commit(directory, rev)
-    if _git(directory, "cat-file", "-e", f"{tree_ish}/{name}" if ":" in tree_ish else f"{tree_ish}:{name}").returncode:
+    if git(directory, "cat-file", "-e", f"{tree_ish}/{name}" if ":" in tree_ish else f"{tree_ish}:{name}").returncode:
         raise UsageError(f"path:{directory}@{rev}: commit {sha[:12]} has no {name}")
     _extract(directory, rev, tree_ish, [name], dest)
     return dest / name
+
+
+def _intact(final: Path, directory: Path, tree_ish: str, names: list[str]) -> bool:
+    """The cached export holds exactly `names`, each hashing to the commit's own tree or blob."""
+    if not final.is_dir() or sorted(p.name for p in final.iterdir()) != sorted(names):
+        return False
+    expected = git(directory, "rev-parse", *(f"{tree_ish}/{n}" if ":" in tree_ish else f"{tree_ish}:{n}" for n in names))
+    try:
+        return expected.stdout.split() == [safegit.tree_hash(final / name) for name in names]
+    except (OSError, UsageError):
+        return False
 
 
 def export(directory: Path, rev: str, cache: Path) -> tuple[Path, dict[str, str]]:
@@ -82,15 +81,17 @@ def export(directory: Path, rev: str, cache: Path) -> tuple[Path, dict[str, str]
     prefix = tree_ish.partition(":")[2]
     final = cache / "revisions" / f"{sha[:16]}-{sources.short_hash(prefix.encode())}"
     provenance = {"git_commit": sha, "git_branch": rev, "git_state": "clean", "revision": f"{directory}@{rev}"}
-    if (final / sources.FUSER_RELPATH).is_file():
+    listed = git(directory, "ls-tree", "--name-only", tree_ish).stdout.split()
+    wanted = [name for name in EXPORTED if name in listed]
+    if "transformer_engine" not in wanted:
+        raise UsageError(f"path:{directory}@{rev}: commit {sha[:12]} has no transformer_engine/ there")
+    if _intact(final, directory, tree_ish, wanted):
         return final, provenance
     with sources.file_lock(cache / "locks" / f"revision-{final.name}.lock"):
-        if (final / sources.FUSER_RELPATH).is_file():
+        if _intact(final, directory, tree_ish, wanted):
             return final, provenance
-        listed = _git(directory, "ls-tree", "--name-only", tree_ish).stdout.split()
-        wanted = [name for name in EXPORTED if name in listed]
-        if "transformer_engine" not in wanted:
-            raise UsageError(f"path:{directory}@{rev}: commit {sha[:12]} has no transformer_engine/ there")
+        if final.exists():
+            shutil.rmtree(final)  # changed in the cache: exported again
         final.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{final.name}-") as tmp:
             staged = Path(tmp) / "tree"

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.targets import safegit
 
 CACHE_ENV = "TE_REPRO_CACHE"
 PACKAGE = "transformer-engine"
@@ -206,12 +207,19 @@ def _record_digest(data: bytes) -> str:
 
 
 def record_mismatch(root: Path, dist: Distribution = TE) -> str | None:
-    """Check an unpacked wheel against its own RECORD (every listed file present, with the
-    listed sha256 and size); say what is wrong, or None when the tree is as shipped."""
+    """Check an unpacked wheel against its own RECORD both ways (every listed file present with
+    the listed sha256, and no file the RECORD does not list: Python would prefer an added
+    `ops/fuser/__init__.py` to fuser.py); say what is wrong, or None when the tree is as shipped."""
     records = list(root.glob(f"{dist.dist_name}-*.dist-info/RECORD"))
     if len(records) != 1:
         return "its .dist-info/RECORD is missing"
-    for row in csv.reader(io.StringIO(records[0].read_text(errors="replace"))):
+    rows = list(csv.reader(io.StringIO(records[0].read_text(errors="replace"))))
+    listed = {Path(row[0]).as_posix() for row in rows if row}
+    for path in sorted(root.rglob("*")):
+        relative = path.relative_to(root).as_posix()
+        if (path.is_file() or path.is_symlink()) and relative not in listed:
+            return f"{relative} is not in the wheel's RECORD"
+    for row in rows:
         if len(row) < 2 or not row[1]:
             continue  # RECORD lists itself without a hash
         path = root / row[0]
@@ -277,11 +285,8 @@ def tree_version(root: Path) -> str:
 
 
 def _git(root: Path, *args: str) -> str | None:
-    # GIT_OPTIONAL_LOCKS=0: `git status` would otherwise refresh (write) the fork's index.
-    env = {**os.environ, "GIT_OPTIONAL_LOCKS": "0"}
     try:
-        result = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False,
-                                env=env, timeout=30)
+        result = safegit.run(root, *args, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout.strip() if result.returncode == 0 else None
@@ -296,7 +301,7 @@ def git_provenance(root: Path) -> dict[str, str]:
     branch = _git(root, "rev-parse", "--abbrev-ref", "HEAD") or "?"
     if branch == "HEAD":  # not on a branch
         branch = f"detached at {commit[:12]}"
-    status = _git(root, "status", "--porcelain", "--", ".")
+    status = _git(root, "status", "--porcelain", "--ignore-submodules=all", "--", ".")
     dirty = "unknown" if status is None else ("dirty" if status else "clean")
     return {"git_commit": commit, "git_branch": branch, "git_state": dirty}
 
