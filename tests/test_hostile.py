@@ -451,6 +451,12 @@ def test_fork_config_markers_and_a_bad_config(fork: Path, tmp_path: Path) -> Non
     bad = tmp_path / "bad.toml"
     bad.write_text('[standins."transformer_engine.pytorch.fp8"]\nnpu = "maybe"\n')
     assert_refused(cli("targets", f"path:{fork}", "--fork-config", str(bad)), "fork config", "standins")
+    # Stand-ins only for what is absent: never the tree's package, nor the backend's extension.
+    for module, what in (("transformer_engine", "the tree's own package"),
+                         ("transformer_engine_torch", "the backend's extension"),
+                         ("transformer_engine_torch.fused", "the backend's extension")):
+        bad.write_text(f'[standins."{module}"]\nfp8_available = "true"\n')
+        assert_refused(cli("targets", f"path:{fork}", "--fork-config", str(bad)), "fork config", what)
 
 
 def test_fork_load_errors_name_file_line_module_and_symbol(fork: Path, tmp_path: Path) -> None:
@@ -476,9 +482,10 @@ def test_fork_load_errors_name_file_line_module_and_symbol(fork: Path, tmp_path:
     assert "imports npu_kernel from npu_ext, which has no such name" in out and "unknown" not in out, out
     # A module the fork ships is never stood in; one that neither the fork nor the environment has may be.
     config = tmp_path / "fork.toml"
-    config.write_text('[standins."transformer_engine.pytorch.quantization"]\nnpu_on = "false"\n')
-    out = cli("targets", f"path:{fork}", "--fork-config", str(config)).stdout
-    assert "has the real module" in out, out
+    for shipped in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.ops.basic"):
+        config.write_text(f'[standins."{shipped}"]\nnpu_on = "false"\n')
+        out = cli("targets", f"path:{fork}", "--fork-config", str(config)).stdout
+        assert "has the real module" in out, out
     op.write_text(original.replace("\nimport torch\n", "\nimport torch\nfrom npu_platform_for_test import npu_on\n"
                                    "from ..tensor.npu_tensor import NPU_TENSOR\n", 1))
     config.write_text('[standins."npu_platform_for_test"]\nnpu_on = "false"\n')

@@ -35,6 +35,9 @@ from harness.errors import UsageError
 from harness.targets.patching import NAME, parse_markers, read_toml
 
 TREE_FILE = ".te-repro.toml"
+# Never stood in: the tree's own package, and the backend's extension (ours on the CPU, or the
+# installed one) with its submodules: the code under test and what it runs on.
+PACKAGE, EXTENSION = "transformer_engine", "transformer_engine_torch"
 SymbolKind = Literal["none", "false", "true", "noop", "class"]
 Expectation = Literal["fixed", "affected"]
 
@@ -62,8 +65,13 @@ class ForkConfig(BaseModel):
     @classmethod
     def _module_names(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
         for module, symbols in value.items():
-            if not re.fullmatch(r"[A-Za-z_][\w.]*", module):
+            if not re.fullmatch(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", module):
                 raise ValueError(f"{module!r} is not a module name")
+            if module == PACKAGE or module.split(".")[0] == EXTENSION:
+                what = "the tree's own package" if module == PACKAGE else "the backend's extension"
+                raise ValueError(f"{module!r} is {what}, never stood in; stand in only for a module neither "
+                                 "the tree nor the environment has (e.g. a transformer_engine submodule the "
+                                 "tree does not ship, or a vendor's platform module)")
             for symbol in symbols:
                 if not symbol.isidentifier() or symbol.startswith("__"):
                     raise ValueError(f"{symbol!r} is not a symbol a stand-in may answer")

@@ -173,8 +173,9 @@ def _fork_standins(prepared: PreparedTarget, te_dir: Path) -> None:
 
 
 def _ships(te_dir: Path, module_name: str) -> bool:
+    """The tree has the module: a file of it (source or native) or a package directory."""
     path = te_dir.joinpath(*module_name.split(".")[1:])
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+    return path.is_dir() or any(path.parent.glob(f"{path.name}.*py")) or any(path.parent.glob(f"{path.name}.*.so"))
 
 
 def _standin_value(module_name: str, symbol: str, kind: str) -> Any:
