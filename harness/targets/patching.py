@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.errors import UsageError
-from harness.targets import safegit
+from harness.targets.safegit import isolated_environment
 
 PATCHES_DIR = Path(__file__).resolve().parents[2] / "patches"
 NAME = r"[A-Za-z0-9_.-]+"
@@ -231,7 +231,7 @@ def _git_apply(tree: Path, patch: Path, *flags: str) -> subprocess.CompletedProc
 def _run_git_apply(tree: Path, patch: Path, flags: tuple[str, ...]) -> subprocess.CompletedProcess[str]:
     # No system or global config, and the ceiling keeps git from finding any repository around it.
     return subprocess.run(["git", "apply", *flags, str(patch.resolve())], cwd=tree, capture_output=True, text=True,
-                          check=False, env=safegit.isolated_environment(tree.parent))
+                          check=False, env=isolated_environment(tree.parent))
 
 
 # What the two parts read; `advice` turns them into the reviewer's answer.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import UsageError
-from harness.targets import safegit
+from harness.targets.safegit import run as git_run
 
 CACHE_ENV = "TE_REPRO_CACHE"
 PACKAGE = "transformer-engine"
@@ -286,7 +286,7 @@ def tree_version(root: Path) -> str:
 
 def _git(root: Path, *args: str) -> str | None:
     try:
-        result = safegit.run(root, *args, timeout=30)
+        result = git_run(root, *args, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return None
     return result.stdout.strip() if result.returncode == 0 else None
