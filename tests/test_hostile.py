@@ -454,7 +454,8 @@ def test_fork_config_markers_and_a_bad_config(fork: Path, tmp_path: Path) -> Non
     # Stand-ins only for what is absent: never the tree's package, nor the backend's extension.
     for module, what in (("transformer_engine", "the tree's own package"),
                          ("transformer_engine_torch", "the backend's extension"),
-                         ("transformer_engine_torch.fused", "the backend's extension")):
+                         ("transformer_engine_torch.fused", "the backend's extension"),
+                         ("transformer_engine_torch_npu", "the backend's extension")):
         bad.write_text(f'[standins."{module}"]\nfp8_available = "true"\n')
         assert_refused(cli("targets", f"path:{fork}", "--fork-config", str(bad)), "fork config", what)
 

@@ -115,12 +115,18 @@ def test_the_tree_hash_is_gits(tmp_path: Path) -> None:
     (tmp_path / "d/sub/b").write_bytes(b"\x00\x01")
     (tmp_path / "d/sub/run.sh").write_text("#!/bin/sh\n")
     (tmp_path / "d/sub/run.sh").chmod(0o755)
-    (tmp_path / "d/a-b").write_text("sorted before a.py's directory twin\n")
+    (tmp_path / "d/a-b").write_text("a name that sorts before a.py\n")
+    (tmp_path / "d/sub.txt").write_text("git sorts the directory as 'sub/': after sub.txt\n")
     git(tmp_path / "d", "init", "-q")
     git(tmp_path / "d", "add", "-A")
     expected = git(tmp_path / "d", "write-tree")
     shutil.rmtree(tmp_path / "d/.git")
     assert safegit.tree_hash(tmp_path / "d") == expected
+    git(tmp_path / "d", "init", "-q", "--object-format=sha256")  # a repository of the newer hash
+    git(tmp_path / "d", "add", "-A")
+    expected_sha256 = git(tmp_path / "d", "write-tree")
+    shutil.rmtree(tmp_path / "d/.git")
+    assert len(expected_sha256) == 64 and safegit.tree_hash(tmp_path / "d", like=expected_sha256) == expected_sha256
     (tmp_path / "d/sub/b").write_bytes(b"\x00\x02")
     assert safegit.tree_hash(tmp_path / "d") != expected
 

@@ -73,10 +73,10 @@ def unreleased(regression: Regression, prepared: PreparedTarget, version: Versio
     if not affected.settles(version) or (affected.contains(version) and not version.is_prerelease):
         return Role.UNKNOWN, (f"version {version} is not a release and nothing else says whether the tree has the"
                               " fix; declare it with [expect] in the fork config")
-    role, why = release_role(regression, version)
+    role, why = release_role(regression, version, noun="version")
     if role is Role.UNPATCHED:  # a commit on the way to a release the regression is in, fix not recognised
-        return role, why.replace("release", "version", 1) + ", and no fix was recognised in the tree"
-    return role, why.replace("release", "version", 1)
+        return role, why + ", and no fix was recognised in the tree"
+    return role, why
 
 
 def role_of(regression: Regression, prepared: PreparedTarget) -> tuple[Role, str]:
@@ -96,14 +96,15 @@ def role_of(regression: Regression, prepared: PreparedTarget) -> tuple[Role, str
     return release_role(regression, version)
 
 
-def release_role(regression: Regression, version: Version) -> tuple[Role, str]:
-    """A release's role from the regression's affected releases (specifier sets)."""
+def release_role(regression: Regression, version: Version, noun: str = "release") -> tuple[Role, str]:
+    """A release's role from the regression's affected releases (specifier sets); `noun` names
+    `version` in the reason ("version" for a number that is not a release)."""
     affected = regression.affected
     if affected.contains(version):
-        return Role.UNPATCHED, f"release {version} is in the affected releases {affected}"
+        return Role.UNPATCHED, f"{noun} {version} is in the affected releases {affected}"
     if affected.predates(version):
-        return Role.PREDATES, f"release {version} predates the affected releases {affected}"
-    return Role.FIXED_UPSTREAM, f"release {version} is outside the affected releases {affected}"
+        return Role.PREDATES, f"{noun} {version} predates the affected releases {affected}"
+    return Role.FIXED_UPSTREAM, f"{noun} {version} is outside the affected releases {affected}"
 
 
 def predates_all(regressions: list[Regression], version: str) -> bool:

@@ -32,12 +32,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from harness.errors import UsageError
+from harness.targets.cpu_backend.boundary import EXTENSION, PACKAGE
 from harness.targets.patching import NAME, parse_markers, read_toml
 
 TREE_FILE = ".te-repro.toml"
-# Never stood in: the tree's own package, and the backend's extension (ours on the CPU, or the
-# installed one) with its submodules: the code under test and what it runs on.
-PACKAGE, EXTENSION = "transformer_engine", "transformer_engine_torch"
 SymbolKind = Literal["none", "false", "true", "noop", "class"]
 Expectation = Literal["fixed", "affected"]
 
@@ -67,7 +65,9 @@ class ForkConfig(BaseModel):
         for module, symbols in value.items():
             if not re.fullmatch(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*", module):
                 raise ValueError(f"{module!r} is not a module name")
-            if module == PACKAGE or module.split(".")[0] == EXTENSION:
+            # Never stood in: the tree's own package, nor the backend's extension under any of its
+            # names (a fork's build may call it transformer_engine_torch_npu), as the loader counts it.
+            if module == PACKAGE or module.startswith(EXTENSION):
                 what = "the tree's own package" if module == PACKAGE else "the backend's extension"
                 raise ValueError(f"{module!r} is {what}, never stood in; stand in only for a module neither "
                                  "the tree nor the environment has (e.g. a transformer_engine submodule the "

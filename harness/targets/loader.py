@@ -173,9 +173,11 @@ def _fork_standins(prepared: PreparedTarget, te_dir: Path) -> None:
 
 
 def _ships(te_dir: Path, module_name: str) -> bool:
-    """The tree has the module: a file of it (source or native) or a package directory."""
+    """The tree has the module: a file the interpreter would import (source, bytecode or native)
+    or a package directory."""
     path = te_dir.joinpath(*module_name.split(".")[1:])
-    return path.is_dir() or any(path.parent.glob(f"{path.name}.*py")) or any(path.parent.glob(f"{path.name}.*.so"))
+    return path.is_dir() or any(path.with_name(path.name + suffix).is_file()
+                                for suffix in importlib.machinery.all_suffixes())
 
 
 def _standin_value(module_name: str, symbol: str, kind: str) -> Any:

@@ -55,7 +55,7 @@ def export_path(directory: Path, rev: str, name: str, dest: Path) -> Path:
     """One path of `directory` at `rev` (e.g. `tests/pytorch`), extracted under `dest`; returns it there."""
     directory = directory.expanduser().resolve()
     sha, tree_ish = _commit(directory, rev)
-    if git(directory, "cat-file", "-e", f"{tree_ish}/{name}" if ":" in tree_ish else f"{tree_ish}:{name}").returncode:
+    if git(directory, "cat-file", "-e", safegit.inside(tree_ish, name)).returncode:
         raise UsageError(f"path:{directory}@{rev}: commit {sha[:12]} has no {name}")
     _extract(directory, rev, tree_ish, [name], dest)
     return dest / name
@@ -65,9 +65,11 @@ def _intact(final: Path, directory: Path, tree_ish: str, names: list[str]) -> bo
     """The cached export holds exactly `names`, each hashing to the commit's own tree or blob."""
     if not final.is_dir() or sorted(p.name for p in final.iterdir()) != sorted(names):
         return False
-    expected = git(directory, "rev-parse", *(f"{tree_ish}/{n}" if ":" in tree_ish else f"{tree_ish}:{n}" for n in names))
+    expected = git(directory, "rev-parse", *(safegit.inside(tree_ish, n) for n in names)).stdout.split()
+    if len(expected) != len(names):
+        return False
     try:
-        return expected.stdout.split() == [safegit.tree_hash(final / name) for name in names]
+        return expected == [safegit.tree_hash(final / name, like=expected[0]) for name in names]
     except (OSError, UsageError):
         return False
 

@@ -2,9 +2,9 @@
 
 A repository's config can name commands that git runs on read-only operations: filter drivers
 (`git archive` runs smudge, `git status` and `git apply` run clean), `core.fsmonitor` (status),
-hooks, textconv and external diff drivers, and gpg through `log.showSignature`. Every git call
-here carries config of the highest precedence that turns each of them off, in a clean
-environment, and a revision is exported as the commit's exact blobs (`cat-file`, no filters,
+hooks, textconv and diff drivers, and gpg through `log.showSignature`. Every git call here
+carries config of the highest precedence that turns each of them off (a caller that diffs also
+passes --no-ext-diff, for `diff.external`), in an environment without the caller's GIT_*, and a revision is exported as the commit's exact blobs (`cat-file`, no filters,
 no attributes), then checked against the commit's tree hash.
 """
 
@@ -80,6 +80,11 @@ def isolated_environment(ceiling: Path) -> dict[str, str]:
 
 # ---- a revision's exact blobs ----
 
+def inside(tree_ish: str, name: str) -> str:
+    """The object `name` of `tree_ish` (`sha` or `sha:prefix`), as rev-parse and cat-file read it."""
+    return f"{tree_ish}/{name}" if ":" in tree_ish else f"{tree_ish}:{name}"
+
+
 _FILE_MODES = {"100644": 0o644, "100755": 0o755}
 
 
@@ -139,28 +144,29 @@ def export_blobs(directory: Path, tree_ish: str, names: list[str], dest: Path, w
         target.write_bytes(blobs[oid])
         target.chmod(_FILE_MODES[mode])
     for name in names:
-        expected = run(directory, "rev-parse", f"{tree_ish}/{name}" if ":" in tree_ish else f"{tree_ish}:{name}")
+        expected = run(directory, "rev-parse", inside(tree_ish, name)).stdout.strip()
         actual = tree_hash(dest / name, {p.removeprefix(f"{name}/"): o for p, o in gitlinks.items()
-                                         if p.startswith(f"{name}/")})
-        if expected.stdout.strip() != actual:
-            raise UsageError(f"{what}: the exported {name} hashes to {actual}, not the commit's "
-                             f"{expected.stdout.strip()}; delete the cache's copy and run again")
+                                         if p.startswith(f"{name}/")}, like=expected)
+        if expected != actual:
+            raise UsageError(f"{what}: the exported {name} hashes to {actual}, not the commit's {expected} "
+                             "(does the cache's file system fold case or drop file modes?)")
 
 
-def _object_id(kind: str, body: bytes) -> bytes:
-    return hashlib.sha1(f"{kind} {len(body)}\0".encode() + body).digest()
+def _object_id(kind: str, body: bytes, algorithm: str) -> bytes:
+    return hashlib.new(algorithm, f"{kind} {len(body)}\0".encode() + body).digest()
 
 
-def tree_hash(path: Path, gitlinks: dict[str, str] | None = None) -> str:
-    """The git object id (sha1) of `path` as git would store it: a file's blob, or a directory's
-    tree, with `gitlinks` (relative path -> commit) as the submodules it holds."""
-    gitlinks = gitlinks or {}
+def tree_hash(path: Path, gitlinks: dict[str, str] | None = None, like: str = "") -> str:
+    """The git object id of `path` as git would store it: a file's blob, or a directory's tree,
+    with `gitlinks` (relative path -> commit) as the submodules it holds; sha256 when `like`
+    (an id of the same repository) is one, as in a repository made with --object-format=sha256."""
+    algorithm = "sha256" if len(like) == 64 else "sha1"
     if path.is_file() and not path.is_symlink():
-        return _object_id("blob", path.read_bytes()).hex()
-    return _tree_id(path, gitlinks).hex()
+        return _object_id("blob", path.read_bytes(), algorithm).hex()
+    return _tree_id(path, gitlinks or {}, algorithm).hex()
 
 
-def _tree_id(directory: Path, gitlinks: dict[str, str]) -> bytes:
+def _tree_id(directory: Path, gitlinks: dict[str, str], algorithm: str) -> bytes:
     entries: list[tuple[bytes, bytes]] = []  # (sort key, entry)
     here = {p.partition("/")[0]: o for p, o in gitlinks.items() if "/" not in p}
     for child in directory.iterdir():
@@ -169,11 +175,11 @@ def _tree_id(directory: Path, gitlinks: dict[str, str]) -> bytes:
             raise UsageError(f"{child}: a symlink in an exported tree")
         if child.is_dir():
             below = {p.partition("/")[2]: o for p, o in gitlinks.items() if p.startswith(f"{child.name}/")}
-            entries.append((name + b"/", b"40000 " + name + b"\0" + _tree_id(child, below)))
+            entries.append((name + b"/", b"40000 " + name + b"\0" + _tree_id(child, below, algorithm)))
         else:
             mode = b"100755" if child.stat().st_mode & 0o100 else b"100644"
-            entries.append((name, mode + b" " + name + b"\0" + _object_id("blob", child.read_bytes())))
+            entries.append((name, mode + b" " + name + b"\0" + _object_id("blob", child.read_bytes(), algorithm)))
     for name_text, oid in here.items():
         name = name_text.encode()
         entries.append((name, b"160000 " + name + b"\0" + bytes.fromhex(oid)))
-    return _object_id("tree", b"".join(entry for _, entry in sorted(entries)))
+    return _object_id("tree", b"".join(entry for _, entry in sorted(entries)), algorithm)

@@ -30,6 +30,7 @@ from types import ModuleType
 from typing import Any
 
 PACKAGE = "transformer_engine"
+EXTENSION = "transformer_engine_torch"  # upstream's name for the compiled PyTorch extension
 # Module-level calls in pytorch/__init__.py that load the compiled extension.
 EXTENSION_LOADERS = ("load_framework_extension", "_load_library")
 _BUILDING = {"NVTE_PROJECT_BUILDING": "1", "NVTE_RELEASE_BUILD": "0"}

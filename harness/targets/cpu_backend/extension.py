@@ -36,8 +36,8 @@ from typing import Any
 
 from harness.errors import FidelityError
 from harness.targets.cpu_backend import kernels
+from harness.targets.cpu_backend.boundary import EXTENSION
 
-EXTENSION = "transformer_engine_torch"  # upstream's name for the compiled PyTorch extension
 # Where the package is not read for it: transformer_engine/jax uses its own extension.
 NOT_SCANNED = ("jax",)
 # build_tools/pytorch.py of a checkout: the extension it builds, `name="transformer_engine_torch"`.
