@@ -117,7 +117,7 @@ def _read_meta(run_dir: Path) -> dict[str, Any]:
 
 
 def _bare_target(spec: str, run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    from harness.runner.sessions import session_name
+    from harness.runner.rundir import session_name
 
     description = run_dir / "sessions" / f"{session_name(spec)}.description"
     return {"spec": spec, "version": "?", "fuser_sha": "?", "patch": None, "patch_status": "?",

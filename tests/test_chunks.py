@@ -11,7 +11,7 @@ import pytest
 
 from cases.case import Case
 from cases.matrix import generate
-from harness.runner import sessions
+from harness.runner import rundir, sessions
 from tests.fault_plugin import ENV, PLUGIN
 
 MATRIX, ONLY, TARGET = "smoke", ["pipeline=rmsnorm"], "te-2.20.2"
@@ -44,7 +44,7 @@ def test_a_dead_worker_is_attributed_to_its_case_and_the_chunk_goes_on(tmp_path:
     assert results[dead]["outcome"] == "crash" and results[dead]["error"]["message"] == "worker died"
     assert all(results[c]["outcome"] != "crash" for c in one_chunk if c != dead)
     # The cases after it ran in a follow-up session, and only they.
-    follow_up = json.loads((tmp_path / "sessions" / f"{sessions.session_name(TARGET)}.follow-up-1.cases.json").read_text())
+    follow_up = json.loads((tmp_path / "sessions" / f"{rundir.session_name(TARGET)}.follow-up-1.cases.json").read_text())
     assert [Case(**c).case_id for c in follow_up["cases"]] == one_chunk[2:]
 
 

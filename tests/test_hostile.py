@@ -723,7 +723,7 @@ def test_the_controller_dying_is_recorded_against_its_case(tmp_path: Path, cache
 # ---- one identity per target ----
 
 def test_session_names_are_unique_per_spec() -> None:
-    from harness.runner.sessions import session_name
+    from harness.runner.rundir import session_name
 
     pairs = [("path:/a/b_c", "path:/a/b/c"), ("path:col a", "path:col_a"), ("te-2.13.0+backport", "te-2.13.0_backport")]
     for one, other in pairs:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.runner.sessions import session_name
+from harness.runner.rundir import session_name
 from tests.conftest import REPO
 
 SELECTION = ["--matrix", "smoke", "--only", "pipeline=rmsnorm", "--targets", "te-2.20.2"]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.runner.sessions import session_name
+from harness.runner.rundir import session_name
 from tests.conftest import REPO
 from tests.teardown_probe import ENV, PLUGIN
 

@@ -30,8 +30,7 @@ from cases.pipelines import PIPELINES, ops_used
 from harness import targets
 from harness.bench import stats as bench_stats
 from harness.errors import UsageError
-from harness.runner.rundir import check_writable
-from harness.runner.sessions import session_name
+from harness.runner.rundir import check_writable, session_name
 
 SCHEMA = "repro.perf/1"
 DEFAULT_TARGETS = ("te-2.13.0", "te-2.13.0+backport", "te-2.16.0")

@@ -11,7 +11,6 @@ import contextlib
 import time
 import zlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,30 +23,15 @@ from cases.pipelines import HIDDEN, PIPELINES
 from cases.regressions import REGRESSIONS
 from harness.engine import checks, seeding
 from harness.engine.frames import error_record
+from harness.engine.subject import DTYPES, Subject, import_megatron
 from harness.model import Outcome
 from harness.targets.loader import LoadedTarget
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 OUTCOME_OF_CHECK = {
     "completion": Outcome.CRASH, "outputs": Outcome.WRONG_OUTPUT, "output_requires_grad": Outcome.WRONG_OUTPUT,
     "gradients": Outcome.WRONG_GRAD, "caller_tensors": Outcome.SIDE_EFFECT,
     "observations": Outcome.SIDE_EFFECT,  # a regression's own scenario: what its steps observed differs
 }
-
-
-def import_megatron(device: str) -> Any:
-    """Megatron's own tensor_parallel.random, from the Megatron source under test
-    (harness.megatron), imported after this process's TE target: Megatron probes TE at import."""
-    from harness.megatron.loader import load_megatron, loaded, prepared_for_process
-    from harness.targets.loader import loaded as loaded_target
-
-    megatron = loaded()
-    if megatron is None:
-        target = loaded_target()
-        if target is None:
-            raise RuntimeError("load the TE target before Megatron: Megatron probes TE at import")
-        megatron = load_megatron(prepared_for_process(), target, device)
-    return megatron.module("tensor_parallel.random")
 
 
 @contextlib.contextmanager
@@ -189,20 +173,6 @@ def coverage_gap(case: Case, target: LoadedTarget) -> str | None:
     names = ", ".join(op.partition(":")[2] for op in target.unknown_ops)
     return (f"te.ops lacks {missing[0]} but holds {names}, of no upstream name: if it is {missing[0]} renamed, add"
             f' `[renamed_ops] {missing[0]} = "{target.unknown_ops[0]}"` to the fork config')
-
-
-@dataclass
-class Subject:
-    """What one case calls and compares: the test side and the reference side, built from the
-    same values, with their parameters, and the shape of the caller's input."""
-
-    test: Callable[..., Any]
-    reference: Callable[..., Any]
-    params: dict[str, torch.Tensor]
-    reference_params: dict[str, torch.Tensor]
-    input_shape: tuple[int, ...]
-    # Extra record fields for an error of the test side (Megatron: the frames against the report's).
-    describe_error: Callable[[BaseException], dict[str, Any]] = lambda exc: {}
 
 
 def ops_subject(case: Case, target: LoadedTarget) -> Subject:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from cases.case import Case
-from harness.engine.execute import DTYPES, Subject, import_megatron
+from harness.engine.subject import DTYPES, Subject, import_megatron
 from harness.megatron import frames
 from harness.megatron.clients import build_client
 from harness.megatron.loader import loaded

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from cases.case import Case
+from harness.runner.rundir import session_name
 
 
 def _last_log_line(log: Path) -> str:
@@ -28,8 +29,6 @@ def not_run(run: dict[str, Any], plan: list[tuple[Any, list[Case]]], exits: dict
         lost = [c.case_id for c in cases if (target.spec, c.case_id) not in have]
         if not lost:
             continue
-        from harness.runner.sessions import session_name
-
         log = sessions_dir / f"{session_name(target.spec)}.log"
         code = exits.get(target.spec)
         how = "never ended" if code is None else f"exited with status {code}"

@@ -17,8 +17,10 @@ and renamed: a reader sees the old file or the new one, never half of one.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
+import re
 import stat
 import tempfile
 from collections.abc import Iterator
@@ -237,3 +239,10 @@ def check_report_output(output: Path, run_path: Path) -> None:
     if out in protected or out.is_relative_to(run_dir / "sessions") or out == run_dir:
         raise UsageError(f"-o {output} would overwrite the run's own input {out.name}; write the report elsewhere "
                          "(for example report.md in the run dir)")
+
+
+def session_name(spec: str) -> str:
+    """A file name per target: readable, and unique by a hash of the whole spec (two specs that
+    differ only in characters the name cannot hold never share session files)."""
+    readable = re.sub(r"[^A-Za-z0-9_.-]", "_", spec)[-60:].lstrip(".")
+    return f"{readable}-{hashlib.sha256(spec.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"

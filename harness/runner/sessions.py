@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import hashlib
 import json
 import os
 import platform
@@ -30,6 +29,7 @@ from harness.model import BAD_VERDICTS, SCHEMA, Role, Run
 from harness.runner import completeness, lifetime, rundir
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
+from harness.runner.rundir import session_name
 
 CASE_TIMEOUT_S = 120
 LOAD_TIMEOUT_S = 300  # importing torch and loading a target, per worker
@@ -85,13 +85,6 @@ class ProgressReader:
                 if verdict := re.search(r'"verdict": "([^"]*)"', line):
                     counts = self.verdicts.setdefault(spec, {})
                     counts[verdict.group(1)] = counts.get(verdict.group(1), 0) + 1
-
-
-def session_name(spec: str) -> str:
-    """A file name per target: readable, and unique by a hash of the whole spec (two specs that
-    differ only in characters the name cannot hold never share session files)."""
-    readable = re.sub(r"[^A-Za-z0-9_.-]", "_", spec)[-60:].lstrip(".")
-    return f"{readable}-{hashlib.sha256(spec.encode('utf-8', 'surrogateescape')).hexdigest()[:12]}"
 
 
 def _read_description(out_dir: Path, target: targets.PreparedTarget) -> str:
