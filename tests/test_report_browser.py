@@ -33,6 +33,14 @@ RECORD_ALERTS = "window.__alerts = []; window.alert = (m) => { window.__alerts.p
 CRASH_CELL = "fused_residual_rmsnorm, non_leaf; no_grad, none"
 
 
+def screenshot(browser: Any, name: str) -> None:
+    """Keep what the page looked like under artifacts/. selenium returns False when it cannot write
+    the file, so the folder is made here: a test that runs first on its xdist worker has no other
+    test to make it."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    assert browser.save_screenshot(str(ARTIFACTS / name)), f"could not write {ARTIFACTS / name}"
+
+
 @pytest.fixture(scope="module")
 def driver() -> Iterator[Any]:
     webdriver = pytest.importorskip("selenium.webdriver", reason="selenium is not installed (pip install selenium)")
@@ -173,8 +181,7 @@ def test_grid_and_details_side_by_side(page: Any, width: int) -> None:
     shown = [c for c in cells(page).values() if c.rect["x"] + c.rect["width"] <= grid["right"]
              and c.rect["y"] < inner[1]]
     assert len(shown) >= 3, "grid cells are visible beside the details"
-    ARTIFACTS.mkdir(exist_ok=True)
-    assert page.save_screenshot(str(ARTIFACTS / f"report-{width}.png"))
+    screenshot(page, f"report-{width}.png")
 
 
 def test_details_fold_under_the_grid_on_a_narrow_screen(page: Any) -> None:
@@ -198,4 +205,4 @@ def test_issue22_sized_page_opens_with_cells_beside_the_details(driver: Any, tmp
     grid, details = box(driver, "grid-wrap"), box(driver, "details")
     assert grid["right"] <= details["left"] <= 1024
     assert len(driver.find_elements("css selector", "#case-grid [tabindex='0']")) == 1
-    assert driver.save_screenshot(str(ARTIFACTS / "report-issue22-1024.png"))
+    screenshot(driver, "report-issue22-1024.png")

@@ -15,7 +15,7 @@ import pytest
 from repro.render_review import render_review
 from repro.review import review
 from tests.synthetic import issue22_sized_run
-from tests.test_report_browser import ARTIFACTS, driver  # noqa: F401 — the browser fixture
+from tests.test_report_browser import driver, screenshot  # noqa: F401 — the browser fixture
 
 CSS = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / \
     "te-fuser-repro/npm/node_modules/github-markdown-css/github-markdown-light.css"
@@ -70,5 +70,4 @@ def test_no_review_table_is_wider_than_a_pull_request_comment(driver: Any, tmp_p
     widths = driver.execute_script(
         "return [...document.querySelectorAll('table')].map(t => Math.max(t.scrollWidth, t.getBoundingClientRect().width))")
     assert len(widths) >= 2 and max(widths) <= WIDEST_TABLE_PX, widths
-    ARTIFACTS.mkdir(exist_ok=True)
-    driver.save_screenshot(str(ARTIFACTS / "review-1280.png"))
+    screenshot(driver, "review-1280.png")
