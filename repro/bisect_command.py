@@ -29,7 +29,7 @@ from harness.runner.sessions import CASE_TIMEOUT_S, LOAD_TIMEOUT_S, Interrupted,
 from harness.targets import history, revisions, sources
 from repro import rerun, validate
 from repro.bisect_render import render
-from repro.formats import write_all_formats
+from repro.formats import check_step_summary, write_all_formats
 from repro.reports import summarize
 from repro.run_commands import megatron_env, megatron_for_run
 
@@ -181,6 +181,7 @@ def cmd_bisect(args: argparse.Namespace) -> int:
     out_dir = Path(os.path.abspath(args.out or Path("runs") / "bisect"))
     cache = sources.cache_dir(args.cache_dir)
     validate.check_out(out_dir, [f"path:{good_dir}"], cache)
+    check_step_summary(out_dir)  # each step's reports append to it
     rundir.check_run_dir(out_dir)
     for name in ("bisect.json", "bisect.md"):
         rundir.check_regular_output(out_dir / name, "--out")
@@ -245,7 +246,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--github", metavar="OWNER/NAME", help="link pull requests on this GitHub repository (default:"
                    " the checkout's origin when it is on GitHub; e.g. NVIDIA/TransformerEngine)")
     p.add_argument("--format", default="text", help=f"the answer on stdout: {', '.join(FORMATS)}")
-    p.add_argument("-n", "--workers", type=validate.positive_int, default=1, help="xdist workers per step's run")
+    p.add_argument("-n", "--workers", type=validate.worker_count, default=1, help="xdist workers per step's run")
     p.add_argument("--case-timeout", type=validate.timeout_seconds, default=CASE_TIMEOUT_S,
                    help="seconds (above 0) before a case is recorded as hung")
     p.add_argument("--load-timeout", type=validate.timeout_seconds, default=LOAD_TIMEOUT_S,

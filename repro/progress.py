@@ -1,7 +1,8 @@
 """What `repro run` shows while it runs, and the one status line it ends with.
 
 On a terminal: one live line per target (rich), with done/total, elapsed time, ETA and
-counters by verdict; a start-up message until the first result arrives. Off a terminal
+counters by verdict; a start-up message once the targets are prepared, until the first
+result arrives. Off a terminal
 (CI logs): one plain line at most every `interval_s` seconds, and a last one at the end.
 The status line is PASS or FAIL in colour (never with NO_COLOR set, or off a terminal),
 each regression's headline, the counts that matter, elapsed time and the report paths.
@@ -76,6 +77,15 @@ class Progress:
                                      TextColumn("{task.fields[verdicts]}"), console=console, transient=False)
             for spec, total in totals.items():
                 self._set_total(spec, total)
+        self.started_sessions = False
+
+    def _start(self) -> None:
+        """On the first message: the runner has prepared the targets (a refusal there is the only
+        line a refused run prints) and starts their sessions now."""
+        if self.started_sessions:
+            return
+        self.started_sessions = True
+        if self.live is not None:
             self.live.start()
         self("starting the target sessions (importing torch and each target takes a few seconds)…")
 
@@ -93,12 +103,14 @@ class Progress:
 
     def __call__(self, line: str) -> None:
         """A message: above the live lines on a terminal, a plain line otherwise."""
+        self._start()
         if self.live is not None:
             self.live.console.print(line, markup=False, highlight=False)
         else:
             print(line, file=self.stream, flush=True)
 
     def update(self, spec: str, done: int, verdict_counts: Mapping[str, int], total: int | None = None) -> None:
+        self._start()
         if spec not in self.totals or (total is not None and total != self.totals[spec]):
             self._set_total(spec, total if total is not None else 0)
         self.done[spec] = done

@@ -22,7 +22,7 @@ from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
 from harness.targets.history import ops_changes
 from repro import review_bisect, validate
-from repro.formats import write_all_formats
+from repro.formats import check_step_summary, write_all_formats
 from repro.progress import Progress
 from repro.render_review import github_annotations, render_review, terminal_line
 from repro.reports import summarize
@@ -50,6 +50,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     out_dir = Path(args.out or Path("runs") / "review")
     cache = sources.cache_dir(args.cache_dir)
     validate.check_out(out_dir, [args.base, args.head], cache)
+    check_step_summary(out_dir)  # the reports append to it at the end
     prepared = {spec: targets.prepare(spec, cache, args.offline, args.fork_config) for spec in (args.base, args.head)}
     regressions = [s.regression.id for s in planned]
     assessed = {spec: patch_assessments(p, regressions) for spec, p in prepared.items()}
@@ -100,7 +101,6 @@ def _ops_changes(prepared: dict[str, Any], base: str, head: str) -> dict[str, An
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
-    import os
 
     from cases.matrix import MAX_CASES_DEFAULT
     from harness.megatron.source import DEFAULT_VERSION
@@ -121,7 +121,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--fork-config", metavar="FILE", help="a fork's TOML config for both trees (default: each tree's"
                    " own .te-repro.toml)")
     p.add_argument("--out", help="run dir (default runs/review): the run's reports, review.md and review.json")
-    p.add_argument("-n", "--workers", type=validate.positive_int, default=min(2, os.cpu_count() or 1),
+    p.add_argument("-n", "--workers", type=validate.worker_count, default=min(2, validate.usable_cpus()),
                    help="xdist workers per target (1 or more)")
     p.add_argument("--case-timeout", type=validate.positive_float, default=CASE_TIMEOUT_S,
                    help="seconds (above 0) before a case is recorded as hung")

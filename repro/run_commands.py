@@ -113,7 +113,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cache = sources.cache_dir(args.cache_dir)
     validate.check_out(out_dir, specs or [], cache)
     rundir.check_run_dir(out_dir)
-    check_step_summary()
+    check_step_summary(out_dir)
     megatron = megatron_for_run(args.megatron, planned, out_dir, cache, args.offline)
     with rundir.claim(out_dir), megatron_env(megatron):
         progress = Progress()  # each target's line appears once the runner has planned it
@@ -165,7 +165,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out_dir = Path(os.path.abspath(args.out or Path("runs") / f"sweep-{args.matrix}"))
     cache = sources.cache_dir(args.cache_dir)
     validate.check_out(out_dir, [], cache)
-    check_step_summary()
+    check_step_summary(out_dir)
     with rundir.claim(out_dir):
         result = sweep(args.matrix, args.only, args.from_version, args.to_version, out_dir, args.workers,
                        cache, args.offline, _progress)
@@ -251,7 +251,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="a fork's TOML config for the path: and installed targets (default: <tree>/.te-repro.toml)")
     p.add_argument("--out", help="run dir (default runs/<matrix>); one run at a time; never inside a source or "
                    "the cache")
-    p.add_argument("-n", "--workers", type=validate.positive_int, default=min(2, os.cpu_count() or 1),
+    p.add_argument("-n", "--workers", type=validate.worker_count, default=min(2, validate.usable_cpus()),
                    help="xdist workers per target (1 or more)")
     p.add_argument("--tx", action="append", metavar="SPEC",
                    help="pytest-xdist worker spec for each target's session, instead of -n local workers; repeatable "
@@ -283,7 +283,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--from", dest="from_version", default="2.1.0", help="oldest release (default 2.1.0)")
     p.add_argument("--to", dest="to_version", default="latest", help="newest release, or latest")
     p.add_argument("--out", help="run dir (default runs/sweep-<matrix>)")
-    p.add_argument("-n", "--workers", type=validate.positive_int, default=min(2, os.cpu_count() or 1),
+    p.add_argument("-n", "--workers", type=validate.worker_count, default=min(2, validate.usable_cpus()),
                    help="parallel sessions (1 or more)")
     p.set_defaults(func=cmd_sweep)
 

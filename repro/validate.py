@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -12,7 +13,7 @@ from typing import NoReturn
 from harness import targets
 from harness.errors import UsageError
 from harness.runner import rundir
-from harness.runner.textsafe import printable
+from harness.runner.textsafe import check_path_text, printable
 from harness.targets import sources
 
 
@@ -39,6 +40,21 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number; give 1 or more") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not allowed; give 1 or more")
+    return value
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a container's or taskset's share, not the host's)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def worker_count(text: str) -> int:
+    """`-n`: local workers, 1 or more and at most one per usable CPU (more only queue, each
+    holding a whole target in memory); remote workers are `--tx`'s."""
+    value = positive_int(text)
+    if value > (cpus := usable_cpus()):
+        raise argparse.ArgumentTypeError(f"{value} is more than the {cpus} CPUs this machine gives; "
+                                         f"give 1 to {cpus} (--tx for workers elsewhere)")
     return value
 
 
@@ -94,7 +110,9 @@ def target_specs(listed: str | None, single: list[str] | None, default: tuple[st
 def check_out(out: Path, specs: list[str], cache: Path) -> None:
     """The check every writing command (run, report -o, bench, review, sweep) makes before it
     writes: its --out (a dir or a file) is neither inside a tree of `specs` (path:, installed)
-    nor inside the cache. Specs that do not parse (an old run's) are skipped."""
+    nor inside the cache, and it holds no control character. Specs that do not parse (an old
+    run's) are skipped."""
+    check_path_text(str(out), "output path")
     rundir.check_out_location(out, targets.source_roots([s for s in specs if _parses(s)]), cache)
 
 

@@ -80,6 +80,9 @@ BAD_OPTIONS = {
     "duplicate target": (["--targets", "te-2.13.0,te-2.13.0"], "given twice"),
     "no workers": (["-n", "0"], "give 1 or more"),
     "negative workers": (["-n", "-3"], "give 1 or more"),
+    "more workers than CPUs": (["-n", "100000"], "CPUs this machine gives; give 1 to"),
+    "control character in a target path": (["--target", "path:/tmp/te\nfork"], "control character '\\n'"),
+    "escape sequence in a target path": (["--target", "path:/tmp/te\x1b[31m"], "control character '\\x1b'"),
     "zero case timeout": (["--case-timeout", "0"], "above 0"),
     "nan case timeout": (["--case-timeout", "nan"], "above 0"),
     "case timeout that overflows the timers": (["--case-timeout", "99999999999"], "at most"),
@@ -371,11 +374,37 @@ def test_run_json_without_results_is_refused(partial_run: Path) -> None:
     assert_refused(cli("report", str(partial_run)), "has no results list")
 
 
-def test_report_never_overwrites_its_inputs(partial_run: Path) -> None:
+def test_report_never_overwrites_its_inputs(partial_run: Path, tmp_path: Path) -> None:
+    (partial_run / "review.json").write_text("{}")
+    (partial_run / "sessions").mkdir()
+    (partial_run / "sessions" / "x.log").write_text("log")
+    hard_link = tmp_path / "elsewhere.md"
+    os.link(partial_run / "results.jsonl", hard_link)
     before = tree_digest(partial_run)
-    for victim in ("results.jsonl", "run-meta.json", "run.json"):
-        assert_refused(cli("report", str(partial_run), "-o", str(partial_run / victim)), "own input")
+    for victim in ("results.jsonl", "run-meta.json", "run.json", "review.json", "sessions/x.log"):
+        assert_refused(cli("report", str(partial_run), "-o", str(partial_run / victim)), "run's own", victim)
+    assert_refused(cli("report", str(partial_run), "-o", str(hard_link)), "run's own results.jsonl")
+    # $GITHUB_STEP_SUMMARY is appended to: never a file of the run dir, by name or by link.
+    (tmp_path / "summary-link").symlink_to(partial_run / "run-meta.json")
+    for summary in (partial_run / "run.json", tmp_path / "summary-link", hard_link):
+        assert_refused(cli("report", str(partial_run), env={"GITHUB_STEP_SUMMARY": str(summary)}), "run dir's own")
+    out = tmp_path / "new-run"
+    assert_refused(cli("run", *SMOKE, "--out", str(out), env={"GITHUB_STEP_SUMMARY": str(out / "run.json")}),
+                   "run dir's own run.json")
+    assert not out.exists()
     assert tree_digest(partial_run) == before
+    # A rendering may be replaced: it is made again from the data.
+    result = cli("report", str(partial_run), "--format", "md", "-o", str(partial_run / "report.md"))
+    assert result.returncode == 0, result.stderr
+
+
+def test_paths_with_control_characters_are_one_line(partial_run: Path, tmp_path: Path) -> None:
+    for bad in ("o\nline", "o\x1b[31mred", "o\u202egnp.md"):
+        out = tmp_path / bad
+        assert_refused(cli("run", *SMOKE, "--out", str(out)), "output path", "control character")
+        assert_refused(cli("report", str(partial_run), "-o", str(out)), "output path", "control character")
+        assert_refused(cli("targets", "te-2.13.0", "--cache-dir", str(out)), "cache dir", "control character")
+        assert not out.exists()
 
 
 # ---- patches and fork configs ----
@@ -458,6 +487,17 @@ def test_fork_config_markers_and_a_bad_config(fork: Path, tmp_path: Path) -> Non
                          ("transformer_engine_torch_npu", "the backend's extension")):
         bad.write_text(f'[standins."{module}"]\nfp8_available = "true"\n')
         assert_refused(cli("targets", f"path:{fork}", "--fork-config", str(bad)), "fork config", what)
+
+
+def test_a_marker_that_backtracks_without_bound_is_one_line(fork: Path, tmp_path: Path) -> None:
+    """A fork config's marker is searched under a time bound: on fuser.py, (\\w|\\w)*! tries
+    2^n ways per identifier and would never end."""
+    config = tmp_path / "fork.toml"
+    config.write_text(f'[[fixes.issue22]]\nfile = "{FUSER}"\npattern = "(\\\\w|\\\\w)*!"\nmeans = "the guard"\n')
+    out = tmp_path / "out"
+    result = cli("run", *SMOKE, "--target", f"path:{fork}", "--fork-config", str(config), "--out", str(out))
+    assert_refused(result, "marker pattern", "backtracks without bound")
+    assert not out.exists()
 
 
 def test_fork_load_errors_name_file_line_module_and_symbol(fork: Path, tmp_path: Path) -> None:

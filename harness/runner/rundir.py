@@ -231,14 +231,38 @@ def check_run_document(run: Any, path: Path) -> None:
             raise UsageError(f"{path}: result {number} is not a record with {', '.join(REQUIRED_KEYS)}")
 
 
+RENDERINGS = ("report.md", "report.html", "junit.xml", "review.md", "bisect.md")  # made again from the data
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
+def run_file_at(path: Path, run_dir: Path) -> str | None:
+    """What of the run dir writing `path` would change, relative to it ("." for the dir itself):
+    by its name, through a symlink, or as a hard link to one of its files; None for nothing."""
+    run_dir = run_dir.expanduser().resolve()
+    resolved = path.expanduser().resolve()
+    if resolved.is_relative_to(run_dir):
+        return str(resolved.relative_to(run_dir))
+    if (identity := _identity(path)) is not None and run_dir.is_dir():
+        return next((str(f.relative_to(run_dir)) for f in run_dir.rglob("*")
+                     if f.is_file() and _identity(f) == identity), None)
+    return None
+
+
 def check_report_output(output: Path, run_path: Path) -> None:
-    """`repro report -o FILE` never overwrites the run it renders, nor its session files."""
-    out = output.expanduser().resolve()
-    run_dir = run_path.resolve() if run_path.is_dir() else run_path.resolve().parent
-    protected = {run_path.resolve()} | {run_dir / name for name in INPUTS}
-    if out in protected or out.is_relative_to(run_dir / "sessions") or out == run_dir:
-        raise UsageError(f"-o {output} would overwrite the run's own input {out.name}; write the report elsewhere "
-                         "(for example report.md in the run dir)")
+    """`repro report -o FILE` never writes over the run it renders: in its run dir only one of
+    the renderings may be replaced, never run.json, the results, the sessions or a review."""
+    run_dir = run_path if run_path.is_dir() else run_path.parent
+    hit = run_file_at(output, run_dir)
+    if hit is not None and hit not in RENDERINGS:
+        raise UsageError(f"-o {output} would overwrite the run's own {hit}; write the "
+                         f"report elsewhere (or over one of {', '.join(RENDERINGS)} in the run dir)")
 
 
 def session_name(spec: str) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from harness.errors import UsageError
+
 TEXT_LIMIT = 64 * 1024  # characters per string: a 10 MB message would otherwise go into every report whole
 NOTE_ROOM = 100
 
@@ -40,6 +42,17 @@ def safe_value(value: Any) -> Any:
 # C0 controls but tab and newline, DEL, C1 controls (ESC and CSI/OSC start sequences among them), and the
 # bidirectional overrides that reorder what a reader sees.
 _CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+# In a path, a newline or tab too: a path travels on one line (session files, the terminal, reports).
+_PATH_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def check_path_text(path: str, what: str) -> None:
+    """Refuse a path holding a control character, in one line that shows it escaped."""
+    if found := _PATH_CONTROL.search(path):
+        raise UsageError(f"{what} {path!a} holds the control character {found.group()!a}; "
+                         "give a path without control characters (rename or link the directory)")
 
 
 def printable(value: Any) -> Any:

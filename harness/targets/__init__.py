@@ -16,6 +16,7 @@ from pathlib import Path
 from packaging.version import Version
 
 from harness.errors import TargetLoadError, UsageError
+from harness.runner.textsafe import check_path_text
 from harness.targets import forkconfig, patching, revisions, sources
 
 DEFAULT_TARGETS = ("te-2.13.0", "te-2.13.0+backport", "te-2.16.0", "te-2.20.2")
@@ -48,6 +49,7 @@ def parse_spec(text: str) -> TargetSpec:
     if base.startswith("path:"):
         if len(base) == 5:
             raise UsageError(f"target spec {text!r} names no directory; write path:<dir>")
+        check_path_text(base[5:], "target path")
         return TargetSpec(text, "path", base[5:], patch)
     if sep and not patch and re.fullmatch(patching.NAME, tail) and (
             head == "installed" or re.fullmatch(rf"te-{_VERSION}", head)):

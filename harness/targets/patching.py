@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import regex
+
 from harness.errors import UsageError
 from harness.targets.safegit import isolated_environment
 
@@ -31,6 +33,7 @@ NAME = r"[A-Za-z0-9_.-]+"
 FUSER = "transformer_engine/pytorch/ops/fuser.py"
 MARKER_KEYS = {"file", "pattern", "means"}
 PATCH_KEYS = {"description", "patch", "fixes", "recognise"}
+MARKER_TIMEOUT_S = 2.0  # a marker search takes milliseconds on a file of TE's size
 
 
 @dataclass(frozen=True)
@@ -43,7 +46,17 @@ class Marker:
 
     def found_in(self, tree: Path) -> bool:
         path = inside(tree, self.file, "marker file")
-        return path.is_file() and re.search(self.pattern, path.read_text(errors="replace"), re.MULTILINE) is not None
+        return path.is_file() and self.matches(path.read_text(errors="replace"))
+
+    def matches(self, text: str) -> bool:
+        """Whether `text` holds the pattern; a pattern that backtracks past the time bound (a
+        fork config is anyone's input) is refused in one line, never a hang."""
+        try:
+            return regex.search(self.pattern, text, regex.MULTILINE, timeout=MARKER_TIMEOUT_S) is not None
+        except TimeoutError:
+            raise UsageError(f"marker pattern {self.pattern!r} ({self.means}) took over {MARKER_TIMEOUT_S:g} s on "
+                             f"{self.file}: it backtracks without bound; write it without nested repeats "
+                             "such as (a+)+ or (a|a)*") from None
 
 
 @dataclass(frozen=True)
@@ -101,8 +114,8 @@ def parse_markers(raw: Any, where: str) -> tuple[Marker, ...]:
             raise UsageError(f"{where}: a marker needs exactly the string keys file, pattern, means; "
                              f"got {sorted(table)}")
         try:
-            re.compile(table["pattern"])
-        except re.error as exc:
+            regex.compile(table["pattern"])
+        except regex.error as exc:
             raise UsageError(f"{where}: marker pattern {table['pattern']!r} is not a regular expression "
                              f"({exc})") from None
         inside(Path("/nonexistent-tree"), table["file"], f"{where}: marker file")
@@ -290,7 +303,7 @@ def adds_marker(patch: Patch, marker: Marker) -> bool:
     """Whether the patch itself adds a line the marker matches: then the marker cannot tell
     our backport from upstream's fix."""
     added = "\n".join(added_lines(patch.text.decode("utf-8", "replace"), marker.file))
-    return re.search(marker.pattern, added, re.MULTILINE) is not None
+    return marker.matches(added)
 
 
 def failing_hunk(patch: Patch, git_output: str, tree: Path) -> str:

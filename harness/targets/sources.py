@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import UsageError
+from harness.runner.textsafe import check_path_text
 from harness.targets.safegit import run as git_run
 
 CACHE_ENV = "TE_REPRO_CACHE"
@@ -67,6 +68,7 @@ def cache_path(override: str | os.PathLike[str] | None = None) -> Path:
 def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
     """The target cache (created when missing): see `cache_path`."""
     path = cache_path(override)
+    check_path_text(str(path), "cache dir")
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path):
