@@ -194,6 +194,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, TargetLoadError) as exc:
         print(f"repro: error: {_one_line(printable(str(exc)))}", file=sys.stderr)  # it may echo a hostile path
         return 2
+    except RuntimeError as exc:
+        # pathlib's resolve() on a path the user gave that loops; the targets never run in this process.
+        if not str(exc).startswith("Symlink loop from "):
+            raise
+        loop = str(exc).removeprefix("Symlink loop from ")
+        print(f"repro: error: {_one_line(printable(loop))} is a symlink loop; give a path that resolves",
+              file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print("repro: interrupted", file=sys.stderr)
         return 130

@@ -60,7 +60,16 @@ def load_run(path: Path) -> dict[str, Any]:
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        run = json.loads(path.read_text())
+        return _checked_run(path)
+    except RecursionError:  # in the decoder or in any check below it
+        raise UsageError(f"cannot read {path}: it nests too deep to be a run") from None
+
+
+def _checked_run(path: Path) -> dict[str, Any]:
+    try:
+        run = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UsageError(f"cannot read {path}: it is not UTF-8 text") from None
     except (OSError, json.JSONDecodeError) as exc:
         raise UsageError(f"cannot read {path}: {exc}") from None
     if isinstance(run, dict) and run.get("schema") == "repro.run/1":
@@ -110,8 +119,8 @@ def _run_from_jsonl(run_dir: Path) -> dict[str, Any]:
 
 def _read_meta(run_dir: Path) -> dict[str, Any]:
     try:
-        meta = json.loads((run_dir / "run-meta.json").read_text())
-    except (OSError, json.JSONDecodeError):
+        meta = json.loads((run_dir / "run-meta.json").read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         return {}
     return meta if isinstance(meta, dict) else {}
 

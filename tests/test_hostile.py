@@ -315,6 +315,28 @@ def test_disk_full_is_one_line_and_leaves_no_partial_file(tmp_path: Path, monkey
     assert list(tmp_path.iterdir()) == []
 
 
+def test_disk_full_while_unpacking_keeps_the_wheel(tmp_path: Path, cache: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A write error is the cache's, not the wheel's: under --offline the wheel may be the only copy."""
+    import errno
+    import zipfile
+
+    wheel = next((cache / "wheels").glob("transformer_engine-2.13.0-*.whl"))
+    private = tmp_path / "cache"
+    (private / "wheels").mkdir(parents=True)
+    shutil.copy(wheel, private / "wheels" / wheel.name)
+
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(zipfile.ZipFile, "extractall", full)
+    with pytest.raises(UsageError, match="No space left on device.*the wheel is kept") as refused:
+        sources.unpack_wheel(private / "wheels" / wheel.name, private, "te-2.13.0")
+    assert "delete" not in str(refused.value)
+    assert (private / "wheels" / wheel.name).read_bytes() == wheel.read_bytes()
+    assert not (private / "src" / "te-2.13.0").exists()
+
+
 # ---- incomplete is a failure ----
 
 def test_target_segfaulting_on_every_affected_case_gets_every_record(tmp_path: Path) -> None:
@@ -487,6 +509,42 @@ def test_fork_config_markers_and_a_bad_config(fork: Path, tmp_path: Path) -> Non
                          ("transformer_engine_torch_npu", "the backend's extension")):
         bad.write_text(f'[standins."{module}"]\nfp8_available = "true"\n')
         assert_refused(cli("targets", f"path:{fork}", "--fork-config", str(bad)), "fork config", what)
+
+
+def test_input_files_nested_deep_huge_or_not_utf8_are_one_line(tmp_path: Path, fork: Path) -> None:
+    deep = tmp_path / "deep.toml"
+    deep.write_text("a = " + "[" * 5000 + "]" * 5000 + "\n")
+    assert_refused(cli("targets", f"path:{fork}", "--fork-config", str(deep)), "too deep")
+    huge = tmp_path / "huge.toml"
+    huge.write_text('[standins."npu_platform"]\n' + "".join(f'x{i} = "false"\n' for i in range(12000)))
+    assert_refused(cli("targets", f"path:{fork}", "--fork-config", str(huge)), "at most 32 KiB")
+    run = json.loads((REPO / "tests/fixtures/run-small/run.json").read_text())
+    run["results"][0]["detail"] = json.loads("[" * 900 + "]" * 900)  # within the decoder's depth, not the checks'
+    for name, data in (("not-utf8", b"\xff\xfe{}"), ("deep", b"[" * 100000 + b"]" * 100000),
+                       ("deep-value", json.dumps(run).encode())):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "run.json").write_bytes(data)
+        assert_refused(cli("report", str(tmp_path / name)), "cannot read", "run.json")
+    # A results.jsonl line nested too deep is one skipped line, not the end of the report.
+    (tmp_path / "lines").mkdir()
+    (tmp_path / "lines" / "results.jsonl").write_text("[" * 5000 + "]" * 5000 + "\n")
+    records, problems = rundir.read_results(tmp_path / "lines" / "results.jsonl")
+    assert records == [] and problems == ["results.jsonl line 1: nested too deep for a record, skipped"]
+
+
+def test_symlink_loops_and_a_lock_dir_that_is_a_file_are_one_line(tmp_path: Path, cache: Path) -> None:
+    (tmp_path / "a").symlink_to(tmp_path / "b")
+    (tmp_path / "b").symlink_to(tmp_path / "a")
+    loop = str(tmp_path / "a")
+    assert_refused(cli("targets", f"path:{loop}"), "symlink loop")
+    assert_refused(cli("run", *SMOKE, "--out", loop), "symlink loop")
+    assert_refused(cli("run", *SMOKE, "--target", f"path:{loop}", "--out", str(tmp_path / "o")), "symlink loop")
+    private = tmp_path / "cache"
+    (private / "wheels").mkdir(parents=True)
+    wheel = next((cache / "wheels").glob("transformer_engine-2.13.0-*.whl"))
+    os.link(wheel, private / "wheels" / wheel.name)
+    (private / "locks").write_text("not a directory")
+    assert_refused(cli("targets", "te-2.13.0", "--cache-dir", str(private), "--offline"), "cache lock", "remove")
 
 
 def test_a_marker_that_backtracks_without_bound_is_one_line(fork: Path, tmp_path: Path) -> None:

@@ -204,13 +204,19 @@ def read_results(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         except json.JSONDecodeError as exc:
             problems.append(f"{path.name} line {number}: corrupt record skipped ({exc.msg})")
             continue
+        except RecursionError:
+            problems.append(f"{path.name} line {number}: nested too deep for a record, skipped")
+            continue
         if not isinstance(record, dict):
             problems.append(f"{path.name} line {number}: not a JSON object, skipped")
             continue
         if missing := [k for k in REQUIRED_KEYS if not isinstance(record.get(k), str)]:
             problems.append(f"{path.name} line {number}: record lacks {', '.join(missing)}, skipped")
             continue
-        records.append(safe_value(record))  # an escaped lone surrogate reads back as one: escaped again
+        try:
+            records.append(safe_value(record))  # an escaped lone surrogate reads back as one: escaped again
+        except RecursionError:
+            problems.append(f"{path.name} line {number}: nested too deep for a record, skipped")
     return records, problems
 
 

@@ -123,13 +123,21 @@ def parse_markers(raw: Any, where: str) -> tuple[Marker, ...]:
     return tuple(markers)
 
 
+TOML_MAX_BYTES = 32 * 1024  # what a target's sessions are handed travels in one argv string (128 KiB at most)
+
+
 def read_toml(path: Path, what: str) -> dict[str, Any]:
     try:
-        return tomllib.loads(path.read_bytes().decode("utf-8"))
+        data = path.read_bytes()
+        if len(data) > TOML_MAX_BYTES:
+            raise UsageError(f"{what} {path} is {len(data) // 1024} KiB; it may be at most {TOML_MAX_BYTES // 1024} KiB")
+        return tomllib.loads(data.decode("utf-8"))
     except UnicodeDecodeError:
         raise UsageError(f"{what} {path} is not UTF-8 text") from None
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"{what} {path} is not valid TOML ({exc})") from None
+    except RecursionError:
+        raise UsageError(f"{what} {path} nests arrays or tables too deep to read; write it flat") from None
     except OSError as exc:
         raise UsageError(f"cannot read {what} {path} ({exc.strerror})") from None
 

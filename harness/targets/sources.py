@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import csv
+import errno
 import fcntl
 import hashlib
 import io
@@ -83,7 +84,12 @@ def cache_dir(override: str | os.PathLike[str] | None = None) -> Path:
 @contextmanager
 def file_lock(path: Path) -> Iterator[None]:
     """An exclusive lock held across processes for the duration of the block."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch()
+    except OSError as exc:
+        raise UsageError(f"cannot take the cache lock {path} ({exc.strerror}); {path.parent} must be a directory "
+                         "the cache can write: remove what is there") from None
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
@@ -234,6 +240,10 @@ def record_mismatch(root: Path, dist: Distribution = TE) -> str | None:
     return None
 
 
+# Errors of writing into the cache, not of reading the wheel.
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EMFILE, errno.ENFILE}
+
+
 def unpack_wheel(wheel: Path, cache: Path, key: str, dist: Distribution = TE) -> Path:
     """Unpack a wheel into cache/src/<key> once; later calls reuse the tree after checking
     it against the wheel's RECORD, and unpack it again when it was damaged."""
@@ -249,7 +259,12 @@ def unpack_wheel(wheel: Path, cache: Path, key: str, dist: Distribution = TE) ->
                 check_wheel_members(wheel, Path(tmp))
                 with zipfile.ZipFile(wheel) as archive:
                     archive.extractall(tmp)
-            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+            except OSError as exc:
+                if exc.errno in WRITE_ERRNOS:  # the cache's side: the wheel may be intact (and the only copy)
+                    raise UsageError(f"cannot unpack {wheel.name} into {final.parent} ({exc.strerror}); free space or "
+                                     "fix the cache dir and run again (the wheel is kept)") from None
+                raise UsageError(f"cached wheel {wheel} is damaged ({type(exc).__name__}: {exc}); delete it") from None
+            except (zipfile.BadZipFile, EOFError) as exc:
                 raise UsageError(f"cached wheel {wheel} is damaged ({type(exc).__name__}: {exc}); delete it") from None
             if not (Path(tmp) / dist.marker).is_file():
                 raise UsageError(f"wheel {wheel.name} has no {dist.marker}: not {dist.what}")
