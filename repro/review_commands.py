@@ -62,7 +62,8 @@ def cmd_review(args: argparse.Namespace) -> int:
         try:
             run = run_matrix(args.matrix, args.only, specs, out_dir, args.workers, cache, args.offline,
                              args.max_cases, progress=progress, case_timeout=args.case_timeout,
-                             fork_config=args.fork_config, regressions_of=patched_regressions(specs, assessed))
+                             fork_config=args.fork_config, regressions_of=patched_regressions(specs, assessed),
+                             max_rss=args.max_rss)
         except (Interrupted, KeyboardInterrupt):
             progress.close()
             print(f"repro: interrupted; partial results kept in {out_dir / 'results.jsonl'}", file=sys.stderr)
@@ -123,8 +124,11 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--out", help="run dir (default runs/review): the run's reports, review.md and review.json")
     p.add_argument("-n", "--workers", type=validate.worker_count, default=min(2, validate.usable_cpus()),
                    help="xdist workers per target (1 or more)")
-    p.add_argument("--case-timeout", type=validate.positive_float, default=CASE_TIMEOUT_S,
+    p.add_argument("--case-timeout", type=validate.timeout_seconds, default=CASE_TIMEOUT_S,
                    help="seconds (above 0) before a case is recorded as hung")
+    p.add_argument("--max-rss", type=validate.max_rss_bytes, metavar="GIB",
+                   help="memory (GiB) each worker may hold; a case over it is recorded as over the bound "
+                   "(default: 80%% of the machine's memory over the workers)")
     p.add_argument("--megatron", metavar="VERSION|path:DIR",
                    help=f"the megatron-core the Megatron cases import (default {DEFAULT_VERSION})")
     p.add_argument("--accept-lost-coverage", action="store_true",

@@ -121,7 +121,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         try:
             run = run_matrix(matrix, args.only, specs, out_dir, args.workers, cache, args.offline,
                              args.max_cases, progress=progress, case_timeout=args.case_timeout,
-                             load_timeout=args.load_timeout,
+                             load_timeout=args.load_timeout, max_rss=args.max_rss,
                              fork_config=args.fork_config, selections=selections or planned, pairs=pairs,
                              tx=tx, rsyncdirs=rsyncdirs)
         except (Interrupted, KeyboardInterrupt):
@@ -265,6 +265,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--load-timeout", type=validate.timeout_seconds, default=LOAD_TIMEOUT_S,
                    help="seconds (above 0) a worker may take to import torch and load the target; past it the "
                    "target is recorded as failing to load")
+    p.add_argument("--max-rss", type=validate.max_rss_bytes, metavar="GIB",
+                   help="memory (GiB) each worker may hold; a case over it is recorded as over the bound "
+                   "(default: 80%% of the machine's memory over the workers)")
     p.add_argument("--from-run", metavar="DIR", help="re-run results of this stored run (with --verdict or --last-failed)")
     p.add_argument("--verdict", metavar="V[,V]", help="with --from-run: the results with these verdicts (or missing)")
     p.add_argument("--last-failed", action="store_true",

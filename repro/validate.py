@@ -58,6 +58,21 @@ def worker_count(text: str) -> int:
     return value
 
 
+MIN_RSS_GIB = 1.0  # a worker holds about 0.35 GiB once torch and TE are imported
+
+
+def max_rss_bytes(text: str) -> int:
+    """`--max-rss GIB`: the data a worker may hold, from 1 GiB to the machine's memory."""
+    from harness.runner import memory
+
+    gib = positive_float(text)
+    most = memory.physical_memory() / memory.GIB
+    if not MIN_RSS_GIB <= gib <= most:
+        raise argparse.ArgumentTypeError(f"{text} GiB is not allowed; give {MIN_RSS_GIB:g} to {most:.1f} "
+                                         "(this machine's memory)")
+    return int(gib * memory.GIB)
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

@@ -2,7 +2,7 @@
 (pytest's own environment variable): it implements the runner's
 `pytest_repro_case_started` hook and kills, hangs or exhausts the worker on the cases
 named in REPRO_TEST_INJECT_FAULTS, as JSON {"<case_id>": "segfault" | "exit" | "hang" |
-"stuck" | "allocate" | "gil" | "sigstop" | "kill_controller" | "orphan" | "grad_off" | a
+"stuck" | "allocate" | "allocate_tensor" | "gil" | "sigstop" | "kill_controller" | "orphan" | "grad_off" | a
 raise_* fault}; "stuck" hangs deaf to the per-case alarm, as a case spinning in C code
 would; "gil" holds the GIL in C code (deaf to the alarm, and no other thread of the worker
 runs); "sigstop" stops the worker; "kill_controller" kills the session's controller with
@@ -70,5 +70,9 @@ def pytest_repro_case_started(case_id: str) -> None:
         raise RAISES[fault]()
     elif fault == "allocate":
         hoard = []
-        while True:  # bounded by the address-space limit the test sets (RLIMIT_AS)
+        while True:  # bounded by the worker's memory bound (--max-rss)
             hoard.append(bytearray(64 << 20))
+    elif fault == "allocate_tensor":
+        import torch
+
+        torch.empty(4 << 30, dtype=torch.uint8).fill_(1)  # 4 GiB at once, as a case with a runaway shape

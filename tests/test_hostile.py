@@ -791,6 +791,22 @@ def test_an_escaped_surrogate_in_results_jsonl_renders(tmp_path: Path) -> None:
         assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
 
 
+def test_a_target_that_allocates_past_the_bound_is_recorded_as_over_it(fork: Path, tmp_path: Path) -> None:
+    """The target's own op asks torch for 4 GiB: torch's allocator refuses it inside the case,
+    and the record says the case went over the worker's bound, not that the target failed."""
+    _fork_with(fork, "_forward = RMSNorm.op_forward\n"
+                     "def _hoarding(self, *args, **kwargs):\n"
+                     "    torch.empty(4 << 30, dtype=torch.uint8).fill_(1)\n"
+                     "    return _forward(self, *args, **kwargs)\n"
+                     "RMSNorm.op_forward = _hoarding", "transformer_engine/pytorch/ops/basic/rmsnorm.py")
+    out = tmp_path / "run"
+    result = cli("run", *SMOKE, "--target", f"path:{fork}", "--max-rss", "2", "--out", str(out))
+    records = json.loads((out / "run.json").read_text())["results"]
+    ran = [r for r in records if r["outcome"] != "not_applicable"]
+    assert result.returncode == 1 and ran, result.stderr
+    assert {r["error"]["type"] for r in ran} == {"MemoryBound"}, [r["error"] for r in ran]
+
+
 def test_a_target_that_loops_at_import_is_a_load_failure(fork: Path, tmp_path: Path) -> None:
     _fork_with(fork, "while True:\n    pass")
     out = tmp_path / "run"

@@ -43,6 +43,7 @@ from typing import Any, cast
 
 import pytest
 
+from harness.runner import memory
 from harness.runner.textsafe import safe_text
 
 # Imports of torch-heavy modules stay inside the functions: the xdist controller needs none.
@@ -67,6 +68,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--repro-startup", help="where to append each worker's start-up times (JSON lines)")
     group.addoption("--repro-load-timeout", type=float, default=0.0,
                     help="seconds a worker may take to load the target; 0: none")
+    group.addoption("--repro-max-rss", type=int, default=0, help="bytes of data a worker may hold; 0: no bound")
     group.addoption("--repro-inflight", help="where the controller notes each case as it starts (JSON lines)")
 
 
@@ -143,6 +145,7 @@ def _worker_setup(config: pytest.Config) -> None:
     tiny and the parallelism is the workers'; under load, idle OpenMP threads spinning on
     shared cores cost several times the case), then the target."""
     sys.dont_write_bytecode = True  # a target may be a user's own tree; a remote worker lacks our environment
+    memory.bound(config.getoption("--repro-max-rss"))  # before the target: its import is bounded too
     torch_s = _torch_import_s()
     import torch
 
@@ -264,15 +267,22 @@ class CaseChunk(pytest.Item):
             self._notify("loaded", None)
         _state["inflight"] = (case.case_id, time.monotonic())
         try:
-            with _alarm(self.config.getoption("--repro-case-timeout")):
-                with guarded() as changed:
-                    self.config.hook.pytest_repro_case_started(case_id=case.case_id)
-                    record = judge(case, spec, _state["target"], role, megatron_error, _state["roles"])
-                return _with_state_changes(record, changed)
+            with _alarm(self.config.getoption("--repro-case-timeout")), guarded() as changed:
+                self.config.hook.pytest_repro_case_started(case_id=case.case_id)
+                record = judge(case, spec, _state["target"], role, megatron_error, _state["roles"])
+            if (limit := self.config.getoption("--repro-max-rss")) and memory.refused_allocation(record.get("error")):
+                return lost_case_record(case.case_id, spec, role, memory.over_bound_note(limit),
+                                        str(record["error"].get("traceback") or record["error"].get("message")),
+                                        memory.ERROR_TYPE)
+            return _with_state_changes(record, changed)
         except CaseTimeout:
             return lost_case_record(case.case_id, spec, role, "per-case timeout", traceback.format_exc())
         except BaseException as exc:  # noqa: BLE001 — SystemExit, KeyboardInterrupt, a target's own
             # BaseException subclass: the case ends here, as a crash with the exception's type; the chunk goes on.
+            refused = memory.refused_allocation({"type": type(exc).__name__, "message": str(exc)})
+            if refused and (limit := self.config.getoption("--repro-max-rss")):
+                return lost_case_record(case.case_id, spec, role, memory.over_bound_note(limit),
+                                        traceback.format_exc(), memory.ERROR_TYPE)
             if isinstance(exc, MemoryError):
                 why = "out of memory"
             elif isinstance(exc, SystemExit):

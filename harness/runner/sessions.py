@@ -26,7 +26,7 @@ from cases.regression import Regression
 from harness import targets
 from harness.errors import UsageError
 from harness.model import BAD_VERDICTS, SCHEMA, Role, Run
-from harness.runner import completeness, lifetime, rundir
+from harness.runner import completeness, lifetime, memory, rundir
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 from harness.runner.rundir import session_name
@@ -107,7 +107,7 @@ def _remote(tx: list[str]) -> bool:
 def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: dict[str, str], out_dir: Path,
                    jsonl: Path, workers: int, case_timeout: float, attempt: int = 0,
                    tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
-                   load_timeout: float = LOAD_TIMEOUT_S) -> subprocess.Popen[bytes]:
+                   load_timeout: float = LOAD_TIMEOUT_S, max_rss: int = 0) -> subprocess.Popen[bytes]:
     """One pytest session for one target; its cases spread over `workers` xdist workers,
     or over the workers of the given xdist `--tx` specs. `attempt` counts the follow-up
     sessions of this target (its cases without a record after a worker died); they run
@@ -132,6 +132,7 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
                f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", f"--repro-roles={json.dumps(roles)}",
                f"--repro-startup={case_dir / f'{safe}.startup.jsonl'}", f"--repro-load-timeout={load_timeout}",
+               f"--repro-max-rss={max_rss}",
                f"--repro-inflight={case_dir / f'{safe}.inflight.jsonl'}", str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
@@ -202,7 +203,8 @@ def _record_lost_in_flight(target: targets.PreparedTarget, roles: dict[str, str]
 def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]], out_dir: Path, jsonl: Path,
                   workers: int, progress: Callable[[str], None], case_timeout: float,
                   tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
-                  load_timeout: float = LOAD_TIMEOUT_S, problems: list[str] | None = None) -> dict[str, int]:
+                  load_timeout: float = LOAD_TIMEOUT_S, problems: list[str] | None = None,
+                  max_rss: int = 0) -> dict[str, int]:
     """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
     seconds, so for ordinary selections the sessions run side by side, one worker each;
     a session too large for that gets all the workers, one session at a time. With xdist
@@ -226,7 +228,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                 job = pending.pop(0)
                 target, cases, roles, attempt = job
                 process = _start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout, attempt,
-                                         tx, rsyncdirs, load_timeout)
+                                         tx, rsyncdirs, load_timeout, max_rss)
                 running[process.pid] = (process, job)
             time.sleep(0.2)
             ended = [pid for pid, (process, _) in running.items() if process.poll() is not None]
@@ -305,12 +307,13 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
                fork_config: str | None = None, selections: list[Selection] | None = None,
                pairs: set[tuple[str | None, str]] | None = None, tx: list[str] | None = None,
                rsyncdirs: list[str] | None = None, load_timeout: float = LOAD_TIMEOUT_S,
-               regressions_of: dict[str, set[str]] | None = None) -> dict[str, Any]:
+               regressions_of: dict[str, set[str]] | None = None, max_rss: int | None = None) -> dict[str, Any]:
     """Run a matrix; `role_override` judges every target with one role (the sweep's unknown).
     A re-run passes its `selections` instead, and `pairs` (target or None for every target,
     case id) keeps only the results it asks for. `tx`: pytest-xdist `--tx` specs for every
     target session instead of `workers` local workers; `rsyncdirs`: more directories for
-    xdist to copy to remote workers."""
+    xdist to copy to remote workers; `max_rss`: bytes of data each worker may hold (None: a
+    share of the machine's memory)."""
     if selections is None:
         selections = generate(matrix, only, **({"max_cases": max_cases} if max_cases else {}), preset=preset)
     by_target = plan_targets(selections, specs, regressions_of)
@@ -358,7 +361,7 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     session_problems: list[str] = []
     try:
         exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout, tx, rsyncdirs, load_timeout,
-                              session_problems)
+                              session_problems, memory.default_max_rss(workers) if max_rss is None else max_rss)
     finally:
         signal.signal(signal.SIGTERM, previous)
     descriptions = {spec: _read_description(out_dir, target) for spec, target in prepared.items()}
