@@ -263,8 +263,9 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--case-timeout", type=validate.timeout_seconds, default=CASE_TIMEOUT_S,
                    help="seconds (above 0) before a case is recorded as hung; its worker is ended if it does not stop")
     p.add_argument("--load-timeout", type=validate.timeout_seconds, default=LOAD_TIMEOUT_S,
-                   help="seconds (above 0) a worker may take to import torch and load the target; past it the "
-                   "target is recorded as failing to load")
+                   help="CPU seconds (above 0) a worker may spend importing torch and loading the target, or "
+                   "spend without any CPU (scaled by the machine's load); past it the target is recorded as "
+                   "failing to load")
     p.add_argument("--max-rss", type=validate.max_rss_bytes, metavar="GIB",
                    help="memory (GiB) each worker may hold; a case over it is recorded as over the bound "
                    "(default: 80%% of the machine's memory over the workers)")

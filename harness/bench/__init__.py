@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 import torch
 
@@ -30,6 +30,7 @@ from cases.pipelines import PIPELINES, ops_used
 from harness import targets
 from harness.bench import stats as bench_stats
 from harness.errors import UsageError
+from harness.runner import liveness
 from harness.runner.rundir import check_writable, session_name
 
 SCHEMA = "repro.perf/1"
@@ -37,6 +38,7 @@ DEFAULT_TARGETS = ("te-2.13.0", "te-2.13.0+backport", "te-2.16.0")
 DEFAULT_UPSTREAM = "te-2.16.0"
 START_TIMEOUT_S = 300
 CHECK_TIMEOUT_S = 600
+POLL_S = 1.0  # how often a waiting controller looks at a silent worker
 
 
 class BenchWorkerError(RuntimeError):
@@ -160,8 +162,9 @@ def parse_modes(text: str | None) -> list[str]:
 class Worker:
     """One target's bench worker: JSON lines in on stdin, JSON lines back on stdout."""
 
-    def __init__(self, prepared: targets.PreparedTarget, log: Path, megatron_device: str | None) -> None:
-        self.spec, self.log = prepared.spec, log
+    def __init__(self, prepared: targets.PreparedTarget, log: Path, megatron_device: str | None,
+                 on_slow: Callable[[str], None] = print) -> None:
+        self.spec, self.log, self.on_slow = prepared.spec, log, on_slow
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
                                                              os.environ.get("PYTHONPATH", "")])}
         command = [sys.executable, "-m", "harness.bench.worker", prepared.to_json()]
@@ -178,17 +181,35 @@ class Worker:
         stdin.flush()
 
     def receive(self, timeout: float) -> dict[str, Any]:
+        """The next reply. A busy machine makes a worker slow, not dead: while its CPU time grows
+        it is waited for (and said to be slow past `timeout`), up to liveness.CEILING times the bound; it
+        fails when it exits, or makes no progress for `timeout` scaled by the machine's load."""
         stdout: IO[str] = self.process.stdout  # type: ignore[assignment]
-        ready, _, _ = select.select([stdout], [], [], timeout)
-        line = stdout.readline() if ready else ""
+        started = last_progress = time.monotonic()
+        cpu, said_slow = liveness.cpu_seconds(self.process.pid), False
+        while not select.select([stdout], [], [], POLL_S)[0] and self.process.poll() is None:
+            now, seen = time.monotonic(), liveness.cpu_seconds(self.process.pid)
+            if seen is not None and cpu is not None and seen - cpu >= liveness.PROGRESS_CPU_S:
+                cpu, last_progress = seen, now
+            bound = timeout * liveness.load_factor()
+            if now - last_progress > bound:
+                self._fail(f"made no progress for {now - last_progress:.0f} s (no CPU time used; {liveness.load_text()})")
+            if now - started > liveness.CEILING * bound:
+                self._fail(f"still working after {now - started:.0f} s, past {liveness.CEILING} times its bound")
+            if not said_slow and now - started > timeout:
+                said_slow = True
+                self.on_slow(f"bench: {self.spec} is slow ({liveness.load_text()}); it is working, waiting for it")
+        line = stdout.readline()
         if not line:
-            last = (self.log.read_text().strip().splitlines() or ["no output"])[-1]
-            state = "timed out" if not ready else f"exited {self.process.poll()}"
-            raise BenchWorkerError(f"bench worker for {self.spec} {state}: {last} (log: {self.log})")
+            self._fail(f"exited {self.process.poll()}")
         try:
             return json.loads(line)
         except json.JSONDecodeError:
             raise BenchWorkerError(f"bench worker for {self.spec} wrote a non-JSON line: {line[:200]!r}") from None
+
+    def _fail(self, state: str) -> NoReturn:
+        last = (self.log.read_text().strip().splitlines() or ["no output"])[-1]
+        raise BenchWorkerError(f"bench worker for {self.spec} {state}: {last} (log: {self.log})")
 
     def ask(self, command: dict[str, Any], timeout: float) -> dict[str, Any]:
         self.send(command)
@@ -298,7 +319,7 @@ def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list
     megatron_device = ("cuda" if any(c["device"] == "cuda" for c in candidates) else "cpu") if wants_megatron else None
     logs = out_dir / "bench-logs"
     logs.mkdir(exist_ok=True)
-    workers = [Worker(p, logs / f"{session_name(p.spec)}.log", megatron_device) for p in prepared]
+    workers = [Worker(p, logs / f"{session_name(p.spec)}.log", megatron_device, progress) for p in prepared]
     try:
         ready = {w.spec: w.receive(START_TIMEOUT_S) for w in workers}
         startup = {w.spec: ready[w.spec]["startup_s"] for w in workers}

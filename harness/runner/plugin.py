@@ -43,7 +43,7 @@ from typing import Any, cast
 
 import pytest
 
-from harness.runner import memory
+from harness.runner import liveness, memory
 from harness.runner.textsafe import safe_text
 
 # Imports of torch-heavy modules stay inside the functions: the xdist controller needs none.
@@ -329,16 +329,21 @@ def _watch(config: pytest.Config) -> None:
     case_timeout = config.getoption("--repro-case-timeout")
     load_timeout = config.getoption("--repro-load-timeout")
     here = socket.gethostname()
+    loads_seen: dict[tuple[int, float], tuple[float, float, float]] = {}
     while True:
         time.sleep(0.5)
         now = time.monotonic()
         with _lock:
             flights = list(_state["inflight_by_worker"].items())
         for key, (_case_id, since, loading) in flights:
-            limit = load_timeout if loading else (case_timeout + CONTROLLER_GRACE_S if case_timeout else 0.0)
             worker = _state["workers"].get(key)
-            if (not limit or now - since <= limit or key in _state["ending"] or not worker or worker["host"] != here
+            if (key in _state["ending"] or not worker or worker["host"] != here
                     or worker["pid"] == os.getpid()):  # another host's, or this process itself (no xdist)
+                continue
+            if loading:  # a busy machine makes a load slow: the bound is the worker's CPU, or its silence
+                if not load_timeout or not liveness.overran(worker["pid"], since, now, load_timeout, loads_seen):
+                    continue
+            elif not case_timeout or now - since <= case_timeout + CONTROLLER_GRACE_S:
                 continue
             _state["ending"][key] = LOAD_TIMEOUT_REASON if loading else "per-case timeout"
             with contextlib.suppress(ProcessLookupError):
