@@ -182,6 +182,8 @@ class Run(BaseModel):
     complete: bool
     missing: int | None
     problems: list[str] = []
+    # Records not counted: refused by a session's controller, or in results.jsonl without the run's seal.
+    rejected: list[str] = []
     environment: Environment
     regressions: list[RegressionInfo]
     excluded: dict[str, dict[str, int]] = {}  # regression -> reason -> count of combinations not generated

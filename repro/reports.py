@@ -229,7 +229,7 @@ def incomplete_note(run: dict[str, Any]) -> str | None:
     count = "an unknown number of" if missing is None else str(missing)
     if run.get("report_source") == "results.jsonl":
         return (f"INCOMPLETE: the run did not finish (no run.json); {run.get('found_results', 0)} results found"
-                f" in results.jsonl, {count} results missing.")
+                f" in results.jsonl, seals unchecked (the run's key went with it), {count} results missing.")
     return f"INCOMPLETE: {count} results missing from this run."
 
 

@@ -870,6 +870,46 @@ def test_a_target_that_swaps_the_judges_tools_is_named(fork: Path, tmp_path: Pat
     assert not [r for r in run["results"] if r["verdict"] == "unexpected_pass"]
 
 
+VICTIM_CASE = "issue22:ops-rmsnorm-no_grad-non_leaf-trainable-none-single-dense-float32-cpu"
+# At import, a tree reads the results file's path from its parent's (the controller's) command
+# line and appends a record of its own for another target: that target's affected case "fixed".
+FORGER = f"""
+import json as _json, os as _os
+_args = open(f"/proc/{{_os.getppid()}}/cmdline", "rb").read().decode().split("\\0")
+_path = next((a.split("=", 1)[1] for a in _args if a.startswith("--repro-jsonl=")), None)
+if _path:
+    with open(_path, "a") as _out:
+        _out.write(_json.dumps({{"case_id": "{VICTIM_CASE}", "target": "te-2.13.0", "outcome": "pass",
+                                "verdict": "fixed", "expected": "fail"}}) + "\\n")
+"""
+
+
+def test_a_record_no_session_wrote_is_rejected_and_fails_the_run(fork: Path, tmp_path: Path) -> None:
+    _fork_with(fork, FORGER)
+    out = tmp_path / "run"
+    result = cli("run", *SMOKE, "--target", f"path:{fork}", "--target", "te-2.13.0", "--out", str(out))
+    assert '"verdict": "fixed"' in (out / "results.jsonl").read_text()  # the forgery was written
+    run = json.loads((out / "run.json").read_text())
+    victim = next(r for r in run["results"] if r["target"] == "te-2.13.0" and r["case_id"] == VICTIM_CASE)
+    assert victim["verdict"] == "unaffected"  # its own session's record, not the forged "fixed"
+    assert len(run["rejected"]) == 1 and "no process of this run wrote" in run["rejected"][0], run["rejected"]
+    assert result.returncode == 1 and run["summary"]["status"] == "FAIL"
+    assert "1 records rejected" in " ".join(run["summary"]["fail_reasons"])
+
+
+def test_the_controller_refuses_a_record_that_is_not_the_workers_to_send() -> None:
+    from harness.runner import plugin
+
+    plugin._state["recorded"] = {"issue22:done"}
+    record = {"case_id": "issue22:x", "target": "te-2.13.0"}
+    assert plugin._refusal(record, "te-2.13.0", "issue22:x") is None
+    assert "another target" in (plugin._refusal({**record, "target": "te-2.16.0"}, "te-2.13.0", "issue22:x") or "")
+    assert "not in flight" in (plugin._refusal(record, "te-2.13.0", "issue22:y") or "")
+    assert "second record" in (plugin._refusal({**record, "case_id": "issue22:done"}, "te-2.13.0",
+                                               "issue22:done") or "")
+    assert "without a case id" in (plugin._refusal(["not", "a", "dict"], "te-2.13.0", None) or "")
+
+
 def test_the_state_guard_names_and_undoes_each_change() -> None:
     import torch
 

@@ -330,7 +330,7 @@ def test_report_from_unfinished_run_says_incomplete(run: dict[str, Any], tmp_pat
     assert loaded["summary"]["status"] == "FAIL"
     md = formats.render(loaded, "md")
     assert (f"INCOMPLETE: the run did not finish (no run.json); 20 results found in results.jsonl, "
-            f"{len(run['results']) - 20} results missing.") in md
+            f"seals unchecked (the run's key went with it), {len(run['results']) - 20} results missing.") in md
     assert "corrupt record skipped" in md  # the torn line is reported, not fatal
     html = formats.render(loaded, "html")
     assert 'id="incomplete"' in html

@@ -200,8 +200,12 @@ class Worker:
                 said_slow = True
                 self.on_slow(f"bench: {self.spec} is slow ({liveness.load_text()}); it is working, waiting for it")
         line = stdout.readline()
-        if not line:
-            self._fail(f"exited {self.process.poll()}")
+        if not line:  # end of output: the child is exiting, so its status comes soon
+            try:
+                status: int | str = self.process.wait(timeout=POLL_S * 20)
+            except subprocess.TimeoutExpired:
+                status = "its output (still running)"
+            self._fail(f"exited {status}" if isinstance(status, int) else f"closed {status}")
         try:
             return json.loads(line)
         except json.JSONDecodeError:

@@ -5,7 +5,9 @@ case. One pytest session runs one target.
 In a worker, a chunk runs its cases one at a time. Before each case the worker tells the
 controller which case starts; after it, it sends the case's record. Both travel as pytest
 reports over xdist's own channel, so a worker on another host (`--tx ssh=...`) needs no
-shared file system: the controller alone writes the run's JSONL.
+shared file system: the controller alone writes the run's JSONL, each record sealed with
+the run's key (harness.runner.seal), and refuses a record for another target, for a case
+not in flight on that worker, or a second one.
 
 When a worker dies, xdist calls `pytest_handlecrashitem` on the controller, which records
 the crash against the case that worker had in flight. The rest of that chunk has no
@@ -43,7 +45,7 @@ from typing import Any, cast
 
 import pytest
 
-from harness.runner import liveness, memory
+from harness.runner import liveness, memory, seal
 from harness.runner.textsafe import safe_text
 
 # Imports of torch-heavy modules stay inside the functions: the xdist controller needs none.
@@ -68,6 +70,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--repro-startup", help="where to append each worker's start-up times (JSON lines)")
     group.addoption("--repro-load-timeout", type=float, default=0.0,
                     help="seconds a worker may take to load the target; 0: none")
+    group.addoption("--repro-seal-fd", type=int, default=-1, help="inherited pipe holding the run's seal key")
     group.addoption("--repro-max-rss", type=int, default=0, help="bytes of data a worker may hold; 0: no bound")
     group.addoption("--repro-inflight", help="where the controller notes each case as it starts (JSON lines)")
 
@@ -78,11 +81,11 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
-def append_records(path: Path, records: list[dict[str, Any]]) -> None:
-    """Append whole lines under a lock (the sessions of a run share one JSONL). A flushed
-    write survives the death of this process; an fsync per case (against a kernel crash)
-    would cost more than the case."""
-    text = "".join(json.dumps(record) + "\n" for record in records)
+def append_records(path: Path, records: list[dict[str, Any]], key: bytes | None) -> None:
+    """Append whole lines under a lock (the sessions of a run share one JSONL), each sealed
+    with the run's key (harness.runner.seal). A flushed write survives the death of this
+    process; an fsync per case (against a kernel crash) would cost more than the case."""
+    text = "".join(json.dumps(seal.sealed(record, key) if key else record) + "\n" for record in records)
     with open(path, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         handle.write(text)
@@ -90,8 +93,24 @@ def append_records(path: Path, records: list[dict[str, Any]]) -> None:
         fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def append_record(path: Path, record: dict[str, Any]) -> None:
-    append_records(path, [record])
+def _write_records(config: pytest.Config, records: list[dict[str, Any]]) -> None:
+    """The controller's write of records: the only place a session adds to the run's JSONL."""
+    append_records(Path(config.getoption("--repro-jsonl")), records, _state.get("seal_key"))
+
+
+def _refusal(record: Any, spec: str, in_flight: str | None) -> str | None:
+    """Why the controller refuses a record a worker sent, or None: a worker holds the target,
+    so a record for another target, for a case not in flight on it, or a second one, is not its to send."""
+    case_id = record.get("case_id") if isinstance(record, dict) else None
+    if not isinstance(case_id, str):
+        return "a worker sent a record without a case id: rejected"
+    if record.get("target") != spec:
+        return f"a worker sent a record for another target ({record.get('target')!r}, case {case_id}): rejected"
+    if case_id in _state["recorded"]:
+        return f"a worker sent a second record for {case_id}: rejected"
+    if case_id != in_flight:
+        return f"a worker sent a record for {case_id}, which was not in flight on it: rejected"
+    return None
 
 
 class CaseTimeout(BaseException):
@@ -306,6 +325,8 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 def pytest_configure(config: pytest.Config) -> None:
     _state["config"] = config
     _state.update(inflight_by_worker={}, workers={}, ending={}, recorded=set())
+    if not hasattr(config, "workerinput") and (fd := config.getoption("--repro-seal-fd")) >= 0:
+        _state["seal_key"] = seal.read_key(fd)  # read and closed before xdist starts a worker
     if not hasattr(config, "workerinput") and (config.getoption("--repro-case-timeout")
                                                or config.getoption("--repro-load-timeout")):
         threading.Thread(target=_watch, args=(config,), daemon=True, name="repro-controller-watch").start()
@@ -397,9 +418,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             inflight[key] = (payload, time.monotonic(), True)
     elif kind == "record":
         with _lock:
-            inflight.pop(key, None)
+            flight = inflight.pop(key, None)
+        spec = json.loads(config.getoption("--repro-target"))["spec"]
+        if problem := _refusal(payload, spec, flight[0] if flight else None):
+            _write_records(config, [{seal.REJECTED: problem, "target": spec}])
+            return
         _state["recorded"].add(payload["case_id"])
-        append_record(Path(config.getoption("--repro-jsonl")), payload)
+        _write_records(config, [payload])
     elif kind in ("description", "loaded"):
         with _lock:  # loaded: the case's own time starts now
             if key in inflight:
@@ -435,8 +460,7 @@ def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any
     why = ended_for or ("per-case timeout" if timeout and time.monotonic() - since >= timeout else "worker died")
     role = _role(roles, Case.from_id(case_id).regression)
     _state["recorded"].add(case_id)
-    append_record(Path(config.getoption("--repro-jsonl")),
-                  lost_case_record(case_id, spec, role, why, str(report.longrepr)))
+    _write_records(config, [lost_case_record(case_id, spec, role, why, str(report.longrepr))])
 
 
 def _record_load_timeout(config: pytest.Config, spec: str, roles: dict[str, str]) -> None:
@@ -455,7 +479,7 @@ def _record_load_timeout(config: pytest.Config, spec: str, roles: dict[str, str]
             case = Case(**fields)
             if case.case_id not in _state["recorded"]:
                 records.append(judge(case, spec, error, _role(roles, case.regression)))
-    append_records(Path(config.getoption("--repro-jsonl")), records)
+    _write_records(config, records)
     os.write(2, f"repro: {error}\n".encode())
     here = socket.gethostname()
     for worker in _state["workers"].values():

@@ -1,4 +1,4 @@
-"""`python -m harness.runner.reaper -- COMMAND ...`: run a target's pytest session so that
+"""`python -m harness.runner.reaper [--pass-fd N] -- COMMAND ...`: run a target's pytest session so that
 every process a case starts ends with the session, also one that left the session's
 process group (setsid, a daemon's double fork).
 
@@ -66,12 +66,14 @@ def kill_descendants() -> None:
                 break
 
 
-def main(command: list[str]) -> int:
+def main(command: list[str], pass_fds: tuple[int, ...] = ()) -> int:
     if lifetime._PRCTL is not None:
         lifetime._PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         lifetime._PRCTL(lifetime.PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     lifetime.die_with_parent_check()
-    child = subprocess.Popen(command, env={**os.environ, lifetime.PARENT_ENV: str(os.getpid())})
+    child = subprocess.Popen(command, env={**os.environ, lifetime.PARENT_ENV: str(os.getpid())}, pass_fds=pass_fds)
+    for fd in pass_fds:  # the session's now; this process has no use for it
+        os.close(fd)
 
     def stop(signum: int, _frame: Any) -> None:
         kill_descendants()
@@ -86,4 +88,7 @@ def main(command: list[str]) -> int:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    sys.exit(main(args[1:] if args[:1] == ["--"] else args))
+    fds: tuple[int, ...] = ()
+    if args[:1] == ["--pass-fd"]:  # an inherited descriptor the session gets too (the seal key's pipe)
+        fds, args = (int(args[1]),), args[2:]
+    sys.exit(main(args[1:] if args[:1] == ["--"] else args, fds))

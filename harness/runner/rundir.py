@@ -31,6 +31,7 @@ from typing import Any
 from filelock import FileLock, Timeout
 
 from harness.errors import UsageError
+from harness.runner import seal
 from harness.runner.textsafe import safe_value
 
 LOCK_NAME = ".repro-run.lock"
@@ -186,13 +187,11 @@ def write_atomic(path: Path, text: str) -> None:
         raise _os_error(exc, path) from None
 
 
-def read_results(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
-    """Records from a results.jsonl; a line that is not UTF-8, not JSON, not an object, or
-    lacks a record's keys is reported by number and skipped, never a traceback."""
-    records: list[dict[str, Any]] = []
-    problems: list[str] = []
+def _parsed_lines(path: Path, problems: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each line of a results.jsonl that parses as a JSON object; a
+    line that is not UTF-8, not JSON or not an object is named in `problems` and skipped."""
     if not path.is_file():
-        return records, problems
+        return
     for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
         if not raw.strip():
             continue
@@ -210,14 +209,50 @@ def read_results(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
         if not isinstance(record, dict):
             problems.append(f"{path.name} line {number}: not a JSON object, skipped")
             continue
-        if missing := [k for k in REQUIRED_KEYS if not isinstance(record.get(k), str)]:
-            problems.append(f"{path.name} line {number}: record lacks {', '.join(missing)}, skipped")
-            continue
-        try:
-            records.append(safe_value(record))  # an escaped lone surrogate reads back as one: escaped again
-        except RecursionError:
-            problems.append(f"{path.name} line {number}: nested too deep for a record, skipped")
+        yield number, record
+
+
+def _record_of(path: Path, number: int, record: dict[str, Any], problems: list[str]) -> dict[str, Any] | None:
+    if missing := [k for k in REQUIRED_KEYS if not isinstance(record.get(k), str)]:
+        problems.append(f"{path.name} line {number}: record lacks {', '.join(missing)}, skipped")
+        return None
+    try:
+        return safe_value(seal.unsealed(record))  # an escaped lone surrogate reads back as one: escaped again
+    except RecursionError:
+        problems.append(f"{path.name} line {number}: nested too deep for a record, skipped")
+        return None
+
+
+def read_results(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
+    """Records from a results.jsonl, seals unchecked (a run that never finished: its key is
+    gone); a line that is not UTF-8, not JSON, not an object, or lacks a record's keys is
+    reported by number and skipped, never a traceback, as is a record a controller refused."""
+    records: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for number, raw in _parsed_lines(path, problems):
+        if seal.REJECTED in raw:
+            problems.append(f"{raw.get('target')}: {raw[seal.REJECTED]}")
+        elif (record := _record_of(path, number, raw, problems)) is not None:
+            records.append(record)
     return records, problems
+
+
+def read_sealed(path: Path, key: bytes) -> tuple[list[dict[str, Any]], list[str], list[str]]:
+    """As `read_results`, counting only the lines whose seal holds under the run's key; also
+    the rejected: the records a controller refused, and each line no process of the run wrote."""
+    records: list[dict[str, Any]] = []
+    problems: list[str] = []
+    rejected: list[str] = []
+    for number, raw in _parsed_lines(path, problems):
+        if not seal.holds(raw, key):
+            rejected.append(f"{path.name} line {number}: a record for {raw.get('target')!r} "
+                            f"{raw.get('case_id')!r} that no process of this run wrote (its seal does not hold); "
+                            "ignored")
+        elif seal.REJECTED in raw:
+            rejected.append(f"{raw.get('target')}: {raw[seal.REJECTED]}")
+        elif (record := _record_of(path, number, raw, problems)) is not None:
+            records.append(record)
+    return records, problems, rejected
 
 
 def check_run_document(run: Any, path: Path) -> None:

@@ -8,7 +8,6 @@ import functools
 import json
 import os
 import platform
-import re
 import signal
 import subprocess
 import sys
@@ -26,7 +25,7 @@ from cases.regression import Regression
 from harness import targets
 from harness.errors import UsageError
 from harness.model import BAD_VERDICTS, SCHEMA, Role, Run
-from harness.runner import completeness, lifetime, memory, rundir
+from harness.runner import completeness, lifetime, memory, rundir, seal
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 from harness.runner.rundir import session_name
@@ -55,11 +54,15 @@ def regression_info(regression: Regression) -> dict[str, Any]:
             "patches": list(regression.patches), "axes": list(regression.axes), "scenario": regression.scenario.name}
 
 
-class ProgressReader:
-    """Counts records per target as they are appended, reading only the new bytes."""
+BAD_VALUES = frozenset(v.value for v in BAD_VERDICTS)
 
-    def __init__(self, path: Path) -> None:
-        self.path, self.offset = path, 0
+
+class ProgressReader:
+    """Counts records per target as they are appended, reading only the new bytes; with the
+    run's key, only the lines its own processes sealed."""
+
+    def __init__(self, path: Path, key: bytes | None = None) -> None:
+        self.path, self.offset, self.key = path, 0, key
         self.done: dict[str, int] = {}
         self.failing: dict[str, int] = {}
         self.verdicts: dict[str, dict[str, int]] = {}
@@ -73,18 +76,20 @@ class ProgressReader:
             chunk = handle.read()
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self.offset += len(complete)
-        for line in complete.decode(errors="replace").splitlines():
-            match = re.search(r'"target": "([^"]*)"', line)
-            if match:
-                spec = match.group(1)
-                self.done[spec] = self.done.get(spec, 0) + 1
-                if case_id := re.search(r'"case_id": "([^"]*)"', line):
-                    self.case_ids.setdefault(spec, set()).add(case_id.group(1))
-                bad = any(f'"verdict": "{v}"' in line for v in BAD_VERDICTS)
-                self.failing[spec] = self.failing.get(spec, 0) + bad
-                if verdict := re.search(r'"verdict": "([^"]*)"', line):
-                    counts = self.verdicts.setdefault(spec, {})
-                    counts[verdict.group(1)] = counts.get(verdict.group(1), 0) + 1
+        for line in complete.splitlines():
+            try:
+                record = json.loads(line)
+            except (ValueError, RecursionError):
+                continue  # assemble names it
+            if (not isinstance(record, dict) or seal.REJECTED in record or not isinstance(record.get("target"), str)
+                    or (self.key is not None and not seal.holds(record, self.key))):
+                continue  # only the run's own records count, as in assemble
+            spec, verdict = record["target"], str(record.get("verdict"))
+            self.done[spec] = self.done.get(spec, 0) + 1
+            self.case_ids.setdefault(spec, set()).add(str(record.get("case_id")))
+            self.failing[spec] = self.failing.get(spec, 0) + (verdict in BAD_VALUES)
+            counts = self.verdicts.setdefault(spec, {})
+            counts[verdict] = counts.get(verdict, 0) + 1
 
 
 def _read_description(out_dir: Path, target: targets.PreparedTarget) -> str:
@@ -107,7 +112,8 @@ def _remote(tx: list[str]) -> bool:
 def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: dict[str, str], out_dir: Path,
                    jsonl: Path, workers: int, case_timeout: float, attempt: int = 0,
                    tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
-                   load_timeout: float = LOAD_TIMEOUT_S, max_rss: int = 0) -> subprocess.Popen[bytes]:
+                   load_timeout: float = LOAD_TIMEOUT_S, max_rss: int = 0,
+                   key: bytes | None = None) -> subprocess.Popen[bytes]:
     """One pytest session for one target; its cases spread over `workers` xdist workers,
     or over the workers of the given xdist `--tx` specs. `attempt` counts the follow-up
     sessions of this target (its cases without a record after a worker died); they run
@@ -125,14 +131,16 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
     # Per-case timeouts are the plugin's own (an item holds many cases), so pytest-timeout is not loaded.
     n_workers = sum(int(s.split("*", 1)[0]) if "*" in s else 1 for s in tx) if tx else max(1, workers)
     # Under the reaper: what a case starts ends with the session (harness.runner.reaper).
-    command = [sys.executable, "-m", "harness.runner.reaper", "--", sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
+    key_fd = seal.key_pipe(key) if key else -1  # the run's seal key, for the controller alone
+    command = [sys.executable, "-m", "harness.runner.reaper", *(["--pass-fd", str(key_fd)] if key else []), "--",
+               sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
                "-p", "xdist.plugin", "-p", "harness.runner.plugin", "-p", "harness.runner.lifetime",
                "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
                f"--repro-case-timeout={case_timeout}", f"--repro-chunk={1 if attempt else chunk_size(len(cases), n_workers)}",
                f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", f"--repro-roles={json.dumps(roles)}",
                f"--repro-startup={case_dir / f'{safe}.startup.jsonl'}", f"--repro-load-timeout={load_timeout}",
-               f"--repro-max-rss={max_rss}",
+               f"--repro-max-rss={max_rss}", f"--repro-seal-fd={key_fd}",
                f"--repro-inflight={case_dir / f'{safe}.inflight.jsonl'}", str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
@@ -159,8 +167,12 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
         # Own process group (stopped as a whole), and killed by the kernel if we die. The
         # pre-exec hook only calls prctl and getppid, safe between fork and exec.
         arm = functools.partial(lifetime.die_with_parent, os.getpid())
-        return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                preexec_fn=arm)  # noqa: PLW1509
+        try:
+            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+                                    preexec_fn=arm, pass_fds=(key_fd,) if key else ())  # noqa: PLW1509
+        finally:
+            if key:
+                os.close(key_fd)
 
 
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -178,7 +190,7 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
 
 
 def _record_lost_in_flight(target: targets.PreparedTarget, roles: dict[str, str], out_dir: Path, jsonl: Path,
-                           recorded: set[str], code: int) -> list[str]:
+                           recorded: set[str], code: int, key: bytes | None = None) -> list[str]:
     """After a session ended: the cases its controller heard start but never recorded (it
     died with them in flight) get a crash record each, never a silent re-run; returns a
     problem line per case, for the run."""
@@ -195,7 +207,7 @@ def _record_lost_in_flight(target: targets.PreparedTarget, roles: dict[str, str]
     records = [lost_case_record(case_id, target.spec, Role(roles.get(Case.from_id(case_id).regression, "unknown")), why,
                                 f"the pytest session of {target.spec} exited with status {code} while this case ran")
                for case_id in lost]
-    append_records(jsonl, records)
+    append_records(jsonl, records, key)
     return [f"{target.spec}: {why} (exit status {code}) with {case_id} in flight; recorded as a crash"
             for case_id in lost]
 
@@ -204,7 +216,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                   workers: int, progress: Callable[[str], None], case_timeout: float,
                   tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
                   load_timeout: float = LOAD_TIMEOUT_S, problems: list[str] | None = None,
-                  max_rss: int = 0) -> dict[str, int]:
+                  max_rss: int = 0, key: bytes | None = None) -> dict[str, int]:
     """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
     seconds, so for ordinary selections the sessions run side by side, one worker each;
     a session too large for that gets all the workers, one session at a time. With xdist
@@ -215,7 +227,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
     each session records at least one case."""
     large = tx or any(len(cases) > LARGE_SESSION for _, cases, _ in plan)
     concurrent, per_session = (1, workers) if large else (max(1, workers), 1)
-    reader, pending, last = ProgressReader(jsonl), [(t, c, r, 0) for t, c, r in plan if c], ""
+    reader, pending, last = ProgressReader(jsonl, key), [(t, c, r, 0) for t, c, r in plan if c], ""
     running: dict[int, tuple[subprocess.Popen[bytes], tuple[targets.PreparedTarget, list[Case], dict[str, str], int]]]
     running = {}
     exits: dict[str, int] = {}
@@ -228,7 +240,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                 job = pending.pop(0)
                 target, cases, roles, attempt = job
                 process = _start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout, attempt,
-                                         tx, rsyncdirs, load_timeout, max_rss)
+                                         tx, rsyncdirs, load_timeout, max_rss, key)
                 running[process.pid] = (process, job)
             time.sleep(0.2)
             ended = [pid for pid, (process, _) in running.items() if process.poll() is not None]
@@ -238,7 +250,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                 exits[target.spec] = process.returncode
                 if process.returncode not in (0, 1):  # 1: harness errors recorded; else the session itself failed
                     lines = _record_lost_in_flight(target, roles, out_dir, jsonl,
-                                                   reader.case_ids.get(target.spec, set()), process.returncode)
+                                                   reader.case_ids.get(target.spec, set()), process.returncode, key)
                     if problems is not None:
                         problems += lines
                     reader.poll()
@@ -359,13 +371,15 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
                  f"({', '.join(f'{r} {v.value}' for r, (v, _) in roles[target.spec].items())})")
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     session_problems: list[str] = []
+    seal_key = seal.new_key()  # this run's: only the lines its own processes seal count
     try:
         exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout, tx, rsyncdirs, load_timeout,
-                              session_problems, memory.default_max_rss(workers) if max_rss is None else max_rss)
+                              session_problems, memory.default_max_rss(workers) if max_rss is None else max_rss,
+                              seal_key)
     finally:
         signal.signal(signal.SIGTERM, previous)
     descriptions = {spec: _read_description(out_dir, target) for spec, target in prepared.items()}
-    run = assemble(out_dir, matrix, selections, plan, roles, excluded, descriptions)
+    run = assemble(out_dir, matrix, selections, plan, roles, excluded, descriptions, seal_key)
     run["target_problems"] = [{"target": spec, "problem": line} for spec, line in blocked.items()]
     run["problems"] = session_problems + run["problems"]
     run["not_run"] = completeness.not_run(run, [(target, cases) for target, cases, _ in plan], exits,
@@ -376,14 +390,15 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
 def assemble(out_dir: Path, matrix: str, selections: list[Selection],
              plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]],
              roles: dict[str, dict[str, tuple[Role, str]]], excluded: dict[str, dict[str, int]],
-             descriptions: dict[str, str]) -> dict[str, Any]:
-    found, problems = rundir.read_results(out_dir / "results.jsonl")
+             descriptions: dict[str, str], key: bytes) -> dict[str, Any]:
+    found, problems, rejected = rundir.read_sealed(out_dir / "results.jsonl", key)
     by_key = {(r["target"], r["case_id"]): r for r in found}
     results = [by_key[(t.spec, c.case_id)] for t, cases, _ in plan for c in cases if (t.spec, c.case_id) in by_key]
     expected = sum(len(cases) for _, cases, _ in plan)
     environment = environment_info([t for t, _, _ in plan], descriptions, roles)
     run = {"schema": SCHEMA, "matrix": matrix, "environment": environment,
            "complete": len(results) == expected, "missing": expected - len(results), "problems": problems,
+           "rejected": rejected,
            "regressions": [regression_info(s.regression) for s in selections], "excluded": excluded,
            "results": results}
     run["headlines"] = headlines(run)

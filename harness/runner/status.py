@@ -67,7 +67,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     """The run's status and counts, from the stored results only (a pure function).
 
     FAIL when a verdict needs a person (BAD), the run is incomplete, a target had a problem, a
-    regression could not be judged, or the review that made the run says FAIL."""
+    record was rejected, a regression could not be judged, or the review that made the run says FAIL."""
     verdicts = Counter(r["verdict"] for r in run["results"])
     bad = sum(verdicts[v] for v in BAD)
     missing = run.get("missing") or 0
@@ -78,6 +78,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     else:
         reasons = [f"{verdicts[v]} {v}" for v in BAD if verdicts[v]]
         reasons += [p["problem"] for p in run.get("target_problems") or []]
+        if rejected := run.get("rejected"):  # something tried to write results that are not its own
+            reasons.append(f"{len(rejected)} records rejected (the first: {rejected[0]})")
         reasons += unjudged_lines(run)
         if not complete:
             reasons.append(f"incomplete: {missing if run.get('missing') is not None else 'unknown number of'}"
