@@ -3,9 +3,11 @@
 1. the run: wall time of `repro run --matrix M` (a subprocess, into a temporary run dir,
    as a user runs it) and the cases per second it sustains;
 2. the compute floor of the same cases, measured right after it: each target loaded in
-   a subprocess of its own (one target per process, as in the run), `run_case` timed for
-   exactly the cases that target ran; the floor is that compute spread over the run's
-   parallel workers, with and without each process's start-up;
+   a subprocess of its own (one target per process, as in the run), each case it ran observed
+   and judged (harness.runner.records observe, then judged), timed; the plain-PyTorch
+   references once per case definition in a process of their own (as the run's reference
+   process); the floor is that compute spread over the run's parallel workers, with and
+   without each process's start-up;
 3. wall / floor, the harness's cost as a ratio;
 4. worker start-up, split into torch import, target load and Megatron import, as the
    run's own workers measured it (sessions/*.startup.jsonl), next to the floor processes'.
@@ -65,7 +67,10 @@ def floor_worker(spec: str, case_file: str, threads: int) -> None:
     from cases.case import Case
     from cases.clients import needs_megatron
     from harness import targets
-    from harness.engine.execute import import_megatron, missing_features, run_case
+    from harness.engine.execute import import_megatron, missing_features
+    from harness.engine.reference import independent, reference_side
+    from harness.model import Role
+    from harness.runner.records import judged, observe
     from harness.targets import sources
     from harness.targets.loader import load
 
@@ -80,16 +85,40 @@ def floor_worker(spec: str, case_file: str, threads: int) -> None:
         megatron_s = time.perf_counter() - importing
     # As in the run's workers (-p no:warnings): checkpoint warns on cases whose inputs need no grad.
     warnings.filterwarnings("ignore")
-    compute, ran = 0.0, 0
+    # The run computes each reference once for every target (the reference process): not this floor's.
+    references = {c.case_id: reference_side(c) for c in cases if independent(c)}
+    compute, judging, ran = 0.0, 0.0, 0
     for case in cases:
         if missing_features(case, target):
             continue  # recorded as not applicable in the run: no compute
         began = time.perf_counter()
-        run_case(case, target)
+        raw = observe(case, spec, target)
+        observed = time.perf_counter()
+        judged(case, spec, Role.UNKNOWN, raw, references.get(case.case_id), target.prepared.version)
         compute += time.perf_counter() - began
+        judging += time.perf_counter() - observed
         ran += 1
-    print(json.dumps({"spec": spec, "cases": ran, "compute_s": compute, "torch_import_s": torch_s,
+    print(json.dumps({"spec": spec, "cases": ran, "compute_s": compute, "judge_s": judging, "torch_import_s": torch_s,
                       "target_load_s": load_s, "megatron_import_s": megatron_s, "threads": torch.get_num_threads()}))
+
+
+def reference_floor(case_file: str) -> None:
+    """In a fresh process (`--reference-floor`): time the plain-PyTorch references once per case
+    definition, as the run's reference process computes them for every target."""
+    started = time.perf_counter()
+    import torch  # noqa: F401
+
+    torch_s = time.perf_counter() - started
+    from cases.case import Case
+    from harness.engine.reference import independent, reference_side
+
+    cases = [c for c in dict.fromkeys(Case.from_id(i) for i in json.loads(Path(case_file).read_text())) if independent(c)]
+    began = time.perf_counter()
+    for case in cases:
+        reference_side(case)
+    print(json.dumps({"spec": "references", "cases": 0, "references": len(cases), "compute_s": time.perf_counter() - began,
+                      "judge_s": 0.0, "torch_import_s": torch_s, "target_load_s": 0.0, "megatron_import_s": None,
+                      "threads": 1}))
 
 
 def floor(case_ids: dict[str, list[str]], threads: int) -> list[dict[str, Any]]:
@@ -106,6 +135,13 @@ def floor(case_ids: dict[str, list[str]], threads: int) -> list[dict[str, Any]]:
             if result.returncode:
                 raise SystemExit(f"floor worker for {spec} failed: {result.stderr.strip()[-400:]}")
             figures.append(json.loads(result.stdout.strip().splitlines()[-1]))
+        case_file = Path(tmp) / "cases.json"
+        case_file.write_text(json.dumps([i for ids in case_ids.values() for i in ids]))
+        result = subprocess.run([sys.executable, __file__, "--reference-floor", str(case_file)], capture_output=True,
+                                text=True, check=False, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        if result.returncode:
+            raise SystemExit(f"reference floor failed: {result.stderr.strip()[-400:]}")
+        figures.append(json.loads(result.stdout.strip().splitlines()[-1]))
     return figures
 
 
@@ -130,10 +166,14 @@ def main() -> int:
                         help="also measure the floor with torch's default thread count (the runner uses 1)")
     parser.add_argument("--json", help="also write the figures here")
     parser.add_argument("--floor-worker", nargs=2, metavar=("SPEC", "CASE_FILE"), help=argparse.SUPPRESS)
+    parser.add_argument("--reference-floor", metavar="CASE_FILE", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_worker:
         floor_worker(*args.floor_worker, args.threads)
+        return 0
+    if args.reference_floor:
+        reference_floor(args.reference_floor)
         return 0
     figures: dict[str, Any] = {"load_average_before": os.getloadavg(), "cpus": os.cpu_count()}
     with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
@@ -161,7 +201,10 @@ def main() -> int:
           f"{len(run['targets'])} targets ({', '.join(run['targets'])}): {run['cases_per_s']:.0f} cases/s; "
           f"the records' own durations sum to {run['sum_case_duration_s']:.1f} s; exit {run['exit']}")
     ran = sum(f["cases"] for f in figures["floor"])
-    print(f"compute floor: run_case on the same {ran} cases, one process per target, torch on 1 thread: "
+    refs = next((f for f in figures["floor"] if f["spec"] == "references"), {"references": 0, "compute_s": 0.0})
+    judge = sum(f["judge_s"] for f in figures["floor"])
+    print(f"compute floor: the same {ran} cases observed and judged, one process per target, torch on 1 thread, "
+          f"plus {refs['references']} references once ({refs['compute_s']:.1f} s; the judging {judge:.1f} s): "
           f"{compute:.1f} s ({1e3 * compute / max(1, ran):.2f} ms/case), over {parallel} parallel workers "
           f"{figures['floor_wall_s']:.1f} s; with each process's start-up {figures['floor_with_startup_wall_s']:.1f} s")
     print(f"wall / floor: {figures['wall_over_floor']:.2f}; wall / (floor + start-up): "

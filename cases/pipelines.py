@@ -42,6 +42,10 @@ class PipelineInfo:
     makes_extra_output: bool = False  # MakeExtraOutput hands a tensor back beside the main output
     extra_output_is_main_output: bool = False  # MakeExtraOutput is the last op: both outputs are one tensor
     requires: tuple[str, ...] = ()  # op features of the target (see LoadedTarget.features)
+    # The parameters the built pipeline holds, in order, as te.ops.Sequential names them: the harness
+    # sets their values (harness.engine.calls), so the reference needs no target to know them.
+    params: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    input_shape: tuple[int, ...] = (4, HIDDEN)
 
     @property
     def fuser_groups(self) -> int:
@@ -95,25 +99,27 @@ PIPELINES: dict[str, PipelineInfo] = {
             "fused_residual_rmsnorm", "[MakeExtraOutput, RMSNorm]: Megatron's TEFusedResidualRMSNorm",
             lambda o, k: [o["MakeExtraOutput"](), o["RMSNorm"](HIDDEN, **k)],
             lambda x, e, p: (rms_norm(x, p[0]), x), exposes_input=True,
-            ops_per_group=(2,), makes_extra_output=True,
+            ops_per_group=(2,), makes_extra_output=True, params=(("1.weight", (HIDDEN,)),),
         ),
         PipelineInfo(
             "fused_residual_rmsnorm_inplace", "[MakeExtraOutput(in_place=True), RMSNorm]",
             lambda o, k: [o["MakeExtraOutput"](in_place=True), o["RMSNorm"](HIDDEN, **k)],
             lambda x, e, p: (rms_norm(x, p[0]), x), exposes_input=True,
             ops_per_group=(2,), makes_extra_output=True, requires=("in_place_kwarg",),
+            params=(("1.weight", (HIDDEN,)),),
         ),
         PipelineInfo(
             "residual_layernorm", "[MakeExtraOutput, LayerNorm]",
             lambda o, k: [o["MakeExtraOutput"](), o["LayerNorm"](HIDDEN, **k)],
             lambda x, e, p: (layer_norm(x, p[0], p[1]), x), exposes_input=True,
-            ops_per_group=(2,), makes_extra_output=True,
+            ops_per_group=(2,), makes_extra_output=True, params=(("1.weight", (HIDDEN,)), ("1.bias", (HIDDEN,))),
         ),
         PipelineInfo(
             "add_residual_rmsnorm", "[AddExtraInput, MakeExtraOutput, RMSNorm]: residual add + norm",
             lambda o, k: [o["AddExtraInput"](), o["MakeExtraOutput"](), o["RMSNorm"](HIDDEN, **k)],
             lambda x, e, p: (rms_norm(x + e[0], p[0]), x + e[0]), num_extra_inputs=1,
             ops_per_group=(3,), makes_extra_output=True, requires=("in_place_kwarg",),
+            params=(("2.weight", (HIDDEN,)),),
         ),
         PipelineInfo(
             "add_residual_rmsnorm_inplace", "[AddExtraInput(in_place=True), MakeExtraOutput, RMSNorm]",
@@ -121,6 +127,7 @@ PIPELINES: dict[str, PipelineInfo] = {
             lambda x, e, p: _norm_and_sum(_add_in_place(x, e[0]), p[0]),
             num_extra_inputs=1, in_place_extra_input=True,
             ops_per_group=(3,), makes_extra_output=True, requires=("in_place_kwarg",),
+            params=(("2.weight", (HIDDEN,)),),
         ),
         PipelineInfo(
             "extra_output_only", "[MakeExtraOutput]: the output is itself the pass-through tensor",
@@ -134,19 +141,21 @@ PIPELINES: dict[str, PipelineInfo] = {
         ),
         PipelineInfo(
             "rmsnorm", "[RMSNorm] (control)", lambda o, k: [o["RMSNorm"](HIDDEN, **k)],
-            lambda x, e, p: (rms_norm(x, p[0]),),
+            lambda x, e, p: (rms_norm(x, p[0]),), params=(("0.weight", (HIDDEN,)),),
         ),
         PipelineInfo(
             "linear_bias_extra", "[BasicLinear, Bias, MakeExtraOutput]: the extra output is computed (control)",
             lambda o, k: [o["BasicLinear"](HIDDEN, HIDDEN, **k), o["Bias"](HIDDEN, **k), o["MakeExtraOutput"]()],
             lambda x, e, p: _twice(x @ p[0].t() + p[1]),
             ops_per_group=(3,), makes_extra_output=True, extra_output_is_main_output=True,
+            params=(("0.weight", (HIDDEN, HIDDEN)), ("1.bias", (HIDDEN,))),
         ),
         PipelineInfo(
             "split_fuser", "[MakeExtraOutput, torch.nn.Tanh-like module, RMSNorm]: two fuser groups",
             lambda o, k: [o["MakeExtraOutput"](), Tanh(), o["RMSNorm"](HIDDEN, **k)],
             lambda x, e, p: (rms_norm(torch.tanh(x), p[0]), x), exposes_input=True,
             ops_per_group=(1, 1), makes_extra_output=True, requires=("extra_tensors_across_groups",),
+            params=(("2.weight", (HIDDEN,)),),
         ),
         PipelineInfo(
             "residual_mlp", "[MakeExtraOutput, RMSNorm, BasicLinear, Bias, GELU, BasicLinear, Bias]: pre-norm MLP",
@@ -159,6 +168,8 @@ PIPELINES: dict[str, PipelineInfo] = {
             ),
             exposes_input=True,
             ops_per_group=(7,), makes_extra_output=True,
+            params=(("1.weight", (HIDDEN,)), ("2.weight", (2 * HIDDEN, HIDDEN)), ("3.bias", (2 * HIDDEN,)),
+                    ("5.weight", (HIDDEN, 2 * HIDDEN)), ("6.bias", (HIDDEN,))),
         ),
     )
 }

@@ -870,6 +870,74 @@ def test_a_target_that_swaps_the_judges_tools_is_named(fork: Path, tmp_path: Pat
     assert not [r for r in run["results"] if r["verdict"] == "unexpected_pass"]
 
 
+# At import, a tree with issue 22 turns the judge's tools in its own process into no-ops, makes
+# every record it could reach read "pass", and scales RMSNorm's output by 1.5: the judge, in the
+# controller and the reference process, sees the crash and the wrong values all the same.
+JUDGE_SWAPPER = """
+import importlib as _importlib
+def _module(name):
+    try:
+        return _importlib.import_module(name)
+    except ImportError:
+        return None
+_checks, _compare = _module("harness.engine.checks"), _module("harness.engine.compare")
+_records, _execute = _module("harness.runner.records"), _module("harness.engine.execute")
+_checks.assert_close = lambda *a, **k: None
+for _tols in _checks.TOLERANCES.values():
+    _tols.update(rtol=1e9, atol=1e9)
+if _compare:
+    _compare.failed_checks = lambda *a, **k: {}
+_passed = {"outcome": "pass", "failed_checks": [], "details": {}, "error": None, "side_effects": [],
+           "known_deviations": [], "note": None, "duration_s": 0.0}
+FORGE_RECORDS = True
+if FORGE_RECORDS:  # the harness's own functions that make a case's record, wherever they are
+    _records.observe = lambda *a, **k: {"observed": dict(_passed)}
+    _execute.run_case = lambda *a, **k: dict(_passed)
+from transformer_engine.pytorch.ops.basic import rmsnorm as _rmsnorm
+_forward = _rmsnorm.RMSNorm.op_forward
+_rmsnorm.RMSNorm.op_forward = lambda self, *a, **k: _forward(self, *a, **k) * 1.5
+"""
+
+
+def test_a_target_cannot_change_its_own_verdict(fork: Path, tmp_path: Path) -> None:
+    _fork_with(fork, JUDGE_SWAPPER, "transformer_engine/pytorch/__init__.py")
+    out = tmp_path / "run"
+    result = cli("run", "--matrix", "smoke", "--only", "pipeline=rmsnorm,fused_residual_rmsnorm", "-n", "1",
+                 "--target", f"path:{fork}", "--out", str(out))
+    run = json.loads((out / "run.json").read_text())
+    assert result.returncode == 1 and run["complete"] and run["summary"]["status"] == "FAIL"
+    # The forged "pass" observations are not the judge's: each case is a harness error that says so.
+    forged = [r for r in run["results"] if r["outcome"] == "harness_error"]
+    assert forged and all("claims outcome 'pass' without the sides" in r["note"] for r in forged), run["results"][0]
+    assert not [r for r in run["results"] if r["verdict"] in ("fixed", "unaffected", "unexpected_pass")]
+
+
+def test_the_judge_compares_what_the_target_computed(fork: Path, tmp_path: Path) -> None:
+    """The same tree without the forged observations: its tools swapped in its own process, its
+    RMSNorm off by 1.5, and its issue 22 are all seen."""
+    _fork_with(fork, JUDGE_SWAPPER.replace("FORGE_RECORDS = True", "FORGE_RECORDS = False"),
+               "transformer_engine/pytorch/__init__.py")
+    out = tmp_path / "run"
+    cli("run", "--matrix", "smoke", "--only", "pipeline=rmsnorm,fused_residual_rmsnorm", "-n", "1",
+        "--target", f"path:{fork}", "--out", str(out))
+    results = json.loads((out / "run.json").read_text())["results"]
+    ran = [r for r in results if r["outcome"] != "not_applicable"]
+    assert {r["outcome"] for r in ran} <= {"wrong_output", "crash"}, {r["outcome"] for r in ran}
+    assert any(r["outcome"] == "wrong_output" and "outputs" in r["failed_checks"] for r in ran)
+    assert any(r["error"] and "requires_grad flags of leaf variables" in r["error"]["message"] for r in ran)
+
+
+def test_a_library_that_patches_torch_in_the_worker_does_not_reach_the_reference(fork: Path, tmp_path: Path) -> None:
+    """A vendor device library commonly patches torch process-wide at import. The reference runs in
+    a process that never imported the target, so both sides cannot go wrong the same way."""
+    _fork_with(fork, "import torch\n_rsqrt = torch.rsqrt\ntorch.rsqrt = lambda t, *a, **k: _rsqrt(t, *a, **k) * 1.5",
+               "transformer_engine/pytorch/__init__.py")
+    out = tmp_path / "run"
+    cli("run", *SMOKE, "--target", f"path:{fork}", "--out", str(out))
+    ran = [r for r in json.loads((out / "run.json").read_text())["results"] if r["outcome"] != "not_applicable"]
+    assert ran and all("outputs" in r["failed_checks"] for r in ran if r["outcome"] != "crash"), ran[0]
+
+
 VICTIM_CASE = "issue22:ops-rmsnorm-no_grad-non_leaf-trainable-none-single-dense-float32-cpu"
 # At import, a tree reads the results file's path from its parent's (the controller's) command
 # line and appends a record of its own for another target: that target's affected case "fixed".
@@ -901,6 +969,7 @@ def test_the_controller_refuses_a_record_that_is_not_the_workers_to_send() -> No
     from harness.runner import plugin
 
     plugin._state["recorded"] = {"issue22:done"}
+    plugin._state["session_cases"] = {"issue22:done", "issue22:x", "issue22:y"}
     record = {"case_id": "issue22:x", "target": "te-2.13.0"}
     assert plugin._refusal(record, "te-2.13.0", "issue22:x") is None
     assert "another target" in (plugin._refusal({**record, "target": "te-2.16.0"}, "te-2.13.0", "issue22:x") or "")
@@ -908,6 +977,8 @@ def test_the_controller_refuses_a_record_that_is_not_the_workers_to_send() -> No
     assert "second record" in (plugin._refusal({**record, "case_id": "issue22:done"}, "te-2.13.0",
                                                "issue22:done") or "")
     assert "without a case id" in (plugin._refusal(["not", "a", "dict"], "te-2.13.0", None) or "")
+    assert "not a case of this session" in (plugin._refusal({**record, "case_id": "issue22:z"}, "te-2.13.0",
+                                                            "issue22:z") or "")
 
 
 def test_the_state_guard_names_and_undoes_each_change() -> None:

@@ -28,7 +28,8 @@ from torch.utils.benchmark import Timer
 from cases import pipelines
 from cases.pipelines import PIPELINES, ops_used
 from harness.bench import MODES, SHAPES, TEST_SLOW_ENV, TEST_SLOW_SECONDS_ENV, case_for
-from harness.engine.execute import DTYPES, build_module, grad_mode, import_megatron, wrap
+from harness.engine.calls import grad_mode, wrap
+from harness.engine.execute import DTYPES, build_module, import_megatron, megatron_checkpoint
 from harness.engine.frames import error_record
 from harness.targets import PreparedTarget
 from harness.targets.devices import synchronize
@@ -60,7 +61,7 @@ def make_step(target: LoadedTarget, combo: dict[str, str], reference: bool,
         return module(*args)
 
     function: Callable[..., Any] = unfused if reference else slowed if slow_s else module
-    call = wrap(function, mode.recompute, case.device)
+    call = wrap(function, mode.recompute, megatron_checkpoint(case))
 
     def step() -> None:
         with grad_mode(mode.grad_mode):

@@ -1,4 +1,5 @@
-"""The checks that compare one run of a target's pipeline with the unfused reference.
+"""The checks that compare one run of a target's pipeline with the unfused reference, made by the
+judge (harness.engine.compare) outside the target's process, on the values both sides recorded.
 
 Each returns a list of failure descriptions (empty when the check passes), so every
 failed check is recorded, not only the first.
@@ -37,11 +38,12 @@ def check_outputs(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tenso
     return failures
 
 
-def check_output_requires_grad(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tensor], call: str) -> list[str]:
+def check_requires_grad_flags(actual: Sequence[bool], expected: Sequence[bool], call: str) -> list[str]:
+    """Whether each output requires grad, as the reference's does (flags recorded by each side)."""
     return [
-        f"{call} output {i}: requires_grad={a.requires_grad}, reference {e.requires_grad}"
+        f"{call} output {i}: requires_grad={a}, reference {e}"
         for i, (a, e) in enumerate(zip(actual, expected))
-        if a.requires_grad != e.requires_grad
+        if a != e
     ]
 
 

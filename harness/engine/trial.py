@@ -1,5 +1,6 @@
 """Run a regression's own scenario (cases/scenario.py): the reference's steps, then the
-target's, compared the way the call scenario is (harness/engine/execute.py).
+target's, both sent raw and compared by the judge the way the call scenario is
+(harness.engine.compare), outside the target's process.
 
 Recorded: completion with the innermost TE frame, the outputs, the gradients of the
 declared parameters, the caller's tensors (also when a crash follows), and each of the
@@ -21,10 +22,8 @@ import torch
 
 from cases.case import Case
 from cases.scenario import Scenario, Steps
-from harness.engine import checks, seeding
-from harness.engine.execute import checked, observation
+from harness.engine import checks, compare, seeding, wire
 from harness.engine.frames import error_record
-from harness.model import Outcome
 
 
 @contextlib.contextmanager
@@ -46,62 +45,48 @@ def process_state_kept(left_behind: list[str]) -> Iterator[None]:
             os.environ.update(environ)
 
 
-class _Side:
-    def __init__(self, steps: Steps) -> None:
-        self.steps = steps
-        self.outputs: tuple[Any, ...] = ()
-
-    def run(self) -> None:
-        self.before = {n: checks.snapshot(t) for n, t in self.steps.caller.items()}
-        try:
-            self.outputs = tuple(self.steps.run())
-        finally:  # also after a crash: a side effect followed by a crash is recorded as both
-            self.after = {n: checks.snapshot(t) for n, t in self.steps.caller.items()}
-        self.output_values = [o.detach().clone() for o in self.outputs]
-
-    @property
-    def grads(self) -> dict[str, torch.Tensor | None]:
-        return {n: t.grad for n, t in self.steps.params.items()}
-
-
-def _observation_differences(test: dict[str, Any], reference: dict[str, Any]) -> list[str]:
-    return [f"{key}: {test.get(key)!r}, reference {reference.get(key)!r}"
-            for key in dict.fromkeys([*reference, *test]) if test.get(key) != reference.get(key)]
+def _side(steps: Steps) -> tuple[dict[str, Any], Exception | None]:
+    """What one side's steps observed, as plain data for the judge, and the exception that ended
+    them: the outputs, the gradients of the declared parameters, the caller's tensors before and
+    after (also after a crash: a side effect followed by a crash is recorded as both), and the
+    scenario's own observations made before any crash."""
+    before = {n: checks.snapshot(t) for n, t in steps.caller.items()}
+    outputs: tuple[Any, ...] = ()
+    error = None
+    try:
+        outputs = tuple(steps.run())
+    except Exception as exc:  # noqa: BLE001 — the caller records it
+        error = exc
+    after = {n: checks.snapshot(t) for n, t in steps.caller.items()}
+    return {"outputs": [tuple(o.detach().clone() for o in outputs)], "before": before, "after": after,
+            "grads": {n: t.grad for n, t in steps.params.items()}, "observed": dict(steps.observed)}, error
 
 
-def run_trial(case: Case, target: Any, scenario: Scenario) -> dict[str, Any]:
-    """Observe one case of a scenario with its own steps: the fields of its result record."""
+def observe_trial(case: Case, target: Any, scenario: Scenario) -> dict[str, Any]:
+    """The raw observation of one case of a scenario with its own steps: the reference's side and
+    the target's, both run here (the trial builds them together), judged outside this process."""
     assert scenario.trial is not None
     started = time.perf_counter()
     seeding.manual_seed(zlib.crc32(case.case_id.split(":", 1)[1].encode()))
     left_behind: list[str] = []
-    error = None
+    raw: dict[str, Any] = {"label": "steps", "error": None}
     with process_state_kept(left_behind):
         trial = scenario.trial(case, target)
         try:
-            ref, test = _Side(trial.reference), _Side(trial.test)
-            try:
-                ref.run()
-            except Exception as exc:  # noqa: BLE001
-                return observation(Outcome.HARNESS_ERROR, {"reference": ["the unfused reference itself failed"]},
-                                   error_record(exc, None), started, note="the unfused reference itself failed")
-            try:
-                test.run()
-            except Exception as exc:  # noqa: BLE001 — the observation we exist to record
-                error = error_record(exc, target.te_dir)
+            reference, ref_error = _side(trial.reference)
+            raw["reference"] = {"error": error_record(ref_error, None)} if ref_error else wire.pack(reference)
+            if ref_error is None:
+                test, error = _side(trial.test)
+                raw.update(test=wire.pack(test), error=error_record(error, target.te_dir) if error else None)
         finally:
             trial.cleanup()
-    failed: dict[str, list[str]] = {}
-    if differences := _observation_differences(trial.test.observed, trial.reference.observed):
-        failed["observations"] = differences
-    if error is None:
-        if f := checks.check_outputs(test.output_values, ref.output_values, "steps"):
-            failed["outputs"] = f
-        if f := checks.check_gradients(test.grads, ref.grads):
-            failed["gradients"] = f
-    if f := checks.check_caller_tensors(test.before, test.after, ref.before, ref.after, flags_only=error is not None):
-        failed["caller_tensors"] = f
-    note = f"the scenario left {'; '.join(left_behind)} changed (put back)" if left_behind else None
-    record = checked(case, failed, error, started, note, target.prepared.version)
-    record["observations"] = trial.test.observed
-    return record
+    raw["note"] = f"the scenario left {'; '.join(left_behind)} changed (put back)" if left_behind else None
+    raw["fields"] = {"observations": wire.pack(trial.test.observed)}
+    raw["duration_s"] = round(time.perf_counter() - started, 6)
+    return raw
+
+
+def run_trial(case: Case, target: Any, scenario: Scenario) -> dict[str, Any]:
+    """Observe and judge one trial case in this process (tests); a run judges in the controller."""
+    raw = wire.unpack(observe_trial(case, target, scenario))
+    return compare.compared(case, raw, raw["reference"], target.prepared.version)

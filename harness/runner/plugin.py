@@ -46,7 +46,7 @@ from typing import Any, cast
 import pytest
 
 from harness.runner import liveness, memory, seal
-from harness.runner.textsafe import safe_text
+from harness.runner.textsafe import safe_text, safe_value
 
 # Imports of torch-heavy modules stay inside the functions: the xdist controller needs none.
 
@@ -73,6 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--repro-seal-fd", type=int, default=-1, help="inherited pipe holding the run's seal key")
     group.addoption("--repro-max-rss", type=int, default=0, help="bytes of data a worker may hold; 0: no bound")
     group.addoption("--repro-inflight", help="where the controller notes each case as it starts (JSON lines)")
+    group.addoption("--repro-references", help="the run's reference file (harness.engine.reference), when it has one")
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -106,11 +107,23 @@ def _refusal(record: Any, spec: str, in_flight: str | None) -> str | None:
         return "a worker sent a record without a case id: rejected"
     if record.get("target") != spec:
         return f"a worker sent a record for another target ({record.get('target')!r}, case {case_id}): rejected"
+    if case_id not in _session_cases():
+        return f"a worker sent a record for {case_id}, which is not a case of this session: rejected"
     if case_id in _state["recorded"]:
         return f"a worker sent a second record for {case_id}: rejected"
     if case_id != in_flight:
         return f"a worker sent a record for {case_id}, which was not in flight on it: rejected"
     return None
+
+
+def _session_cases() -> set[str]:
+    """The ids of the cases this session was given (its case files), read once."""
+    if "session_cases" not in _state:
+        from cases.case import Case
+
+        files = [Path(a) for a in _state["config"].args if a.endswith(".cases.json")]
+        _state["session_cases"] = {Case(**fields).case_id for f in files for fields in json.loads(f.read_text())["cases"]}
+    return cast(set[str], _state["session_cases"])
 
 
 class CaseTimeout(BaseException):
@@ -216,6 +229,11 @@ def _role(roles: dict[str, str], regression: str) -> Any:
     return Role(roles.get(regression, "unknown"))
 
 
+def _lost(why: str, text: str, error_type: str | None = None) -> dict[str, Any]:
+    """A case that never made its own observation (harness.runner.records.lost_case_record)."""
+    return {"lost": {"why": why, "text": text, "error_type": error_type}}
+
+
 class CaseFile(pytest.File):
     def collect(self):  # type: ignore[no-untyped-def]
         _torch_import_s()  # before the cases' modules import it
@@ -262,10 +280,10 @@ class CaseChunk(pytest.Item):
                 self._notify("loading", case.case_id)
                 _worker_setup(self.config)
                 self._notify("description", safe_text(_state["description"]))
-            record = self._run_one(case)
-            self._notify("record", record)
-            if record["outcome"] == "harness_error":
-                errors.append(f"{case.case_id}: {record['error']['message'] if record['error'] else record['note']}")
+            raw = safe_value(self._run_one(case), keep_bytes=True)  # made safe before it crosses xdist's channel
+            self._notify("record", {"case_id": case.case_id, "target": _state["spec"], "raw": raw})
+            if (observed := raw.get("observed")) and observed["outcome"] == "harness_error":
+                errors.append(f"{case.case_id}: {observed['error']['message'] if observed['error'] else observed['note']}")
         if _state["startup"] != _state.get("startup_sent"):  # after the first chunk, and after Megatron's import
             _state["startup_sent"] = dict(_state["startup"])
             self._notify("startup", _state["startup_sent"])
@@ -273,11 +291,12 @@ class CaseChunk(pytest.Item):
             raise AssertionError(f"{len(errors)} harness errors, the first: {errors[0]}")
 
     def _run_one(self, case: Any) -> dict[str, Any]:
+        """The case's raw observation, for the controller to judge (harness.runner.records.judged);
+        a case that ended it (a timeout, a BaseException, an allocation over the bound) is `lost`."""
         from cases.clients import needs_megatron
-        from harness.runner.records import judge, lost_case_record
+        from harness.runner.records import observe
         from harness.runner.state import guarded
 
-        spec, role = _state["spec"], _role(_state["roles"], case.regression)
         importing = "megatron_error" not in _state and needs_megatron(case)
         if importing:  # Megatron's import is bounded as a load, not as the case
             self._notify("loading", case.case_id)
@@ -285,30 +304,29 @@ class CaseChunk(pytest.Item):
         if importing:
             self._notify("loaded", None)
         _state["inflight"] = (case.case_id, time.monotonic())
+        limit = self.config.getoption("--repro-max-rss")
         try:
             with _alarm(self.config.getoption("--repro-case-timeout")), guarded() as changed:
                 self.config.hook.pytest_repro_case_started(case_id=case.case_id)
-                record = judge(case, spec, _state["target"], role, megatron_error, _state["roles"])
-            if (limit := self.config.getoption("--repro-max-rss")) and memory.refused_allocation(record.get("error")):
-                return lost_case_record(case.case_id, spec, role, memory.over_bound_note(limit),
-                                        str(record["error"].get("traceback") or record["error"].get("message")),
-                                        memory.ERROR_TYPE)
-            return _with_state_changes(record, changed)
+                raw = observe(case, _state["spec"], _state["target"], megatron_error)
+            error = raw.get("error") or (raw.get("observed") or {}).get("error")
+            if limit and error and memory.refused_allocation(error):
+                return _lost(memory.over_bound_note(limit), str(error.get("traceback") or error.get("message")),
+                             memory.ERROR_TYPE)
+            return {**raw, "state_changes": changed} if changed else raw
         except CaseTimeout:
-            return lost_case_record(case.case_id, spec, role, "per-case timeout", traceback.format_exc())
+            return _lost("per-case timeout", traceback.format_exc())
         except BaseException as exc:  # noqa: BLE001 — SystemExit, KeyboardInterrupt, a target's own
             # BaseException subclass: the case ends here, as a crash with the exception's type; the chunk goes on.
-            refused = memory.refused_allocation({"type": type(exc).__name__, "message": str(exc)})
-            if refused and (limit := self.config.getoption("--repro-max-rss")):
-                return lost_case_record(case.case_id, spec, role, memory.over_bound_note(limit),
-                                        traceback.format_exc(), memory.ERROR_TYPE)
+            if limit and memory.refused_allocation({"type": type(exc).__name__, "message": str(exc)}):
+                return _lost(memory.over_bound_note(limit), traceback.format_exc(), memory.ERROR_TYPE)
             if isinstance(exc, MemoryError):
                 why = "out of memory"
             elif isinstance(exc, SystemExit):
                 why = f"the case raised SystemExit({exc.code!r})"
             else:
                 why = f"the case raised {type(exc).__name__}: {exc}"
-            return lost_case_record(case.case_id, spec, role, why, traceback.format_exc(), type(exc).__name__)
+            return _lost(why, traceback.format_exc(), type(exc).__name__)
         finally:
             _state["inflight"] = None
 
@@ -325,6 +343,8 @@ def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Col
 def pytest_configure(config: pytest.Config) -> None:
     _state["config"] = config
     _state.update(inflight_by_worker={}, workers={}, ending={}, recorded=set())
+    if not hasattr(config, "workerinput"):
+        _session_cases()  # read before any worker starts (a worker could rewrite the files)
     if not hasattr(config, "workerinput") and (fd := config.getoption("--repro-seal-fd")) >= 0:
         _state["seal_key"] = seal.read_key(fd)  # read and closed before xdist starts a worker
     if not hasattr(config, "workerinput") and (config.getoption("--repro-case-timeout")
@@ -371,17 +391,6 @@ def _watch(config: pytest.Config) -> None:
                 os.kill(worker["pid"], signal.SIGKILL)
 
 
-def _with_state_changes(record: dict[str, Any], changed: list[str]) -> dict[str, Any]:
-    """A case that left the process's global state changed: named in the record, and a harness
-    error (the observation may have been made under another state)."""
-    if not changed:
-        return record
-    note = "the case changed global state the checks depend on (restored): " + "; ".join(changed)
-    return {**record, "outcome": "harness_error", "verdict": "harness_error", "failed_checks":
-            [*record["failed_checks"], "global_state"], "details": {**record["details"], "global_state": changed},
-            "verdict_reason": note, "note": note}
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_report_teststatus(report: pytest.TestReport) -> tuple[str, str, str] | None:
     """Notices are not test outcomes: nothing in the terminal, nothing in the counts."""
@@ -424,7 +433,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _write_records(config, [{seal.REJECTED: problem, "target": spec}])
             return
         _state["recorded"].add(payload["case_id"])
-        _write_records(config, [payload])
+        _write_records(config, [_judged(config, payload["case_id"], payload.get("raw"))])
     elif kind in ("description", "loaded"):
         with _lock:  # loaded: the case's own time starts now
             if key in inflight:
@@ -435,6 +444,25 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     elif kind == "startup" and config.getoption("--repro-startup"):
         with open(config.getoption("--repro-startup"), "a") as handle:
             handle.write(json.dumps(payload) + "\n")
+
+
+def _judged(config: pytest.Config, case_id: str, raw: Any) -> dict[str, Any]:
+    """The record of a worker's raw observation, judged here, in the controller: a process that
+    never imports the target (harness.runner.records.judged), against the run's references."""
+    from cases.case import Case
+    from harness.runner import references
+    from harness.runner.records import judged
+
+    target = json.loads(config.getoption("--repro-target"))
+    roles = json.loads(config.getoption("--repro-roles"))
+    case = Case.from_id(case_id)
+    if not isinstance(raw, dict):
+        raw = {"observed": {"outcome": "harness_error", "failed_checks": ["harness"], "details": {}, "error": None,
+                            "side_effects": [], "known_deviations": [], "duration_s": 0.0,
+                            "note": "the worker's observation is not one (not a mapping)"}}
+    reference = references.lookup(config.getoption("--repro-references"), _state.get("seal_key"), case_id)
+    return judged(case, target["spec"], _role(roles, case.regression), raw, reference, str(target.get("version") or ""),
+                  roles)
 
 
 def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:

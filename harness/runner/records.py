@@ -49,18 +49,20 @@ def _not_run(outcome: Outcome, check: str, note: str, error: dict[str, Any] | No
             "details": {}, "error": error, "side_effects": [], "known_deviations": [], "note": note, "duration_s": 0.0}
 
 
-def judge(case: Case, spec: str, target: Any, role: Role, megatron_error: str | None = None,
-          roles: dict[str, str] | None = None) -> dict[str, Any]:
-    """Run one case on a loaded target (or record why it cannot run), filed under `spec`
-    even when the target never loaded, so its results are counted, never lost. `roles`: the
-    tree's role for every regression of the catalogue, so a failure that is another's is named."""
-    from harness.engine.execute import call_not_applicable, coverage_gap, run_case
-    from harness.engine.trial import run_trial
+NOT_RUN = (Outcome.NOT_APPLICABLE.value, Outcome.HARNESS_ERROR.value)  # what a worker may say without sides
+
+
+def observe(case: Case, spec: str, target: Any, megatron_error: str | None = None) -> dict[str, Any]:
+    """The worker's part: run one case on a loaded target, or say why it cannot run, as a raw
+    observation (harness.engine.execute, harness.engine.trial) for the judge (`judged`). Its
+    `observed` holds the fields of a case that did not run; a case that ran brings its sides."""
+    from harness.engine.execute import call_not_applicable, coverage_gap, observe_case
+    from harness.engine.trial import observe_trial
 
     if isinstance(target, TargetLoadError):
-        return finish(case, spec, role, _not_run(Outcome.HARNESS_ERROR, "load", str(target)))
+        return {"observed": _not_run(Outcome.HARNESS_ERROR, "load", str(target))}
     if needs_megatron(case) and megatron_error:
-        return finish(case, spec, role, _not_run(Outcome.HARNESS_ERROR, "megatron", megatron_error))
+        return {"observed": _not_run(Outcome.HARNESS_ERROR, "megatron", megatron_error)}
     regression = REGRESSIONS[case.regression]
     scenario = regression.scenario
     try:
@@ -69,13 +71,65 @@ def judge(case: Case, spec: str, target: Any, role: Role, megatron_error: str | 
                else call_not_applicable(case, target, spec) if scenario.trial is None else None)
         if why:
             gap = coverage_gap(case, target) if not own else None
-            return finish(case, spec, role, {**_not_run(Outcome.NOT_APPLICABLE, "applicability", why),
-                                             **({"coverage_gap": gap} if gap else {})}, roles)
-        observed = run_case(case, target) if scenario.trial is None else run_trial(case, target, scenario)
+            return {"observed": {**_not_run(Outcome.NOT_APPLICABLE, "applicability", why),
+                                 **({"coverage_gap": gap} if gap else {})}}
+        return observe_case(case, target) if scenario.trial is None else observe_trial(case, target, scenario)
     except Exception as exc:  # noqa: BLE001 — a failure of the harness itself, never a pass
-        observed = _not_run(Outcome.HARNESS_ERROR, "harness", "the harness failed building or judging the case",
-                            {"type": type(exc).__name__, "message": str(exc), "location": None})
+        return {"observed": _harness_failure(exc, "the harness failed building or running the case")}
+
+
+def _harness_failure(exc: BaseException, note: str) -> dict[str, Any]:
+    return _not_run(Outcome.HARNESS_ERROR, "harness", note,
+                    {"type": type(exc).__name__, "message": str(exc), "location": None})
+
+
+def judged(case: Case, spec: str, role: Role, raw: dict[str, Any], reference: dict[str, Any] | None,
+           version: str, roles: dict[str, str] | None = None) -> dict[str, Any]:
+    """The judge's part, outside the target's process: the raw observation a worker sent compared
+    with the reference (the reference process's for this case, else the side the worker ran beside
+    the target, else plain PyTorch's computed here), then judged. A raw observation that is not one
+    is a harness error of the case, never a pass."""
+    from harness.engine import compare, wire
+    from harness.engine.reference import independent, reference_side
+
+    if "lost" in raw:
+        lost = raw["lost"]
+        return lost_case_record(case.case_id, spec, role, str(lost["why"]), str(lost["text"]), lost.get("error_type"))
+    try:
+        if "observed" in raw:
+            observed = dict(raw["observed"])
+            if observed.get("outcome") not in NOT_RUN:  # a case that ran brings its sides, never a verdict
+                raise wire.WireError(f"it claims outcome {observed.get('outcome')!r} without the sides it observed")
+        else:
+            side = reference if reference is not None else raw.get("reference")
+            if side is None and independent(case):
+                side = reference_side(case)
+            if side is None:
+                raise wire.WireError("no reference side came with it")
+            observed = compare.compared(case, wire.unpack(raw), wire.unpack(side), version)
+    except Exception as exc:  # noqa: BLE001 — a malformed observation: the harness could not judge it
+        observed = _harness_failure(exc, f"the worker's observation could not be judged: {exc}")
+    if changed := raw.get("state_changes"):
+        observed = _with_state_changes(observed, [str(c) for c in changed])
     return finish(case, spec, role, observed, roles)
+
+
+def _with_state_changes(observed: dict[str, Any], changed: list[str]) -> dict[str, Any]:
+    """A case that left the process's global state changed: named in the record, and a harness
+    error (the observation may have been made under another state)."""
+    note = "the case changed global state the checks depend on (restored): " + "; ".join(changed)
+    return {**observed, "outcome": Outcome.HARNESS_ERROR.value, "failed_checks":
+            [*observed["failed_checks"], "global_state"], "details": {**observed["details"], "global_state": changed},
+            "note": note}
+
+
+def judge(case: Case, spec: str, target: Any, role: Role, megatron_error: str | None = None,
+          roles: dict[str, str] | None = None) -> dict[str, Any]:
+    """Observe and judge one case in this process (a load failure recorded by the controller,
+    `repro show --script`); filed under `spec` even when the target never loaded, so its results
+    are counted, never lost."""
+    version = "" if isinstance(target, TargetLoadError) else target.prepared.version
+    return judged(case, spec, role, observe(case, spec, target, megatron_error), None, version, roles)
 
 
 LOST_TYPES = {"worker died": "WorkerDied", "per-case timeout": "Timeout",

@@ -113,7 +113,7 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
                    jsonl: Path, workers: int, case_timeout: float, attempt: int = 0,
                    tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
                    load_timeout: float = LOAD_TIMEOUT_S, max_rss: int = 0,
-                   key: bytes | None = None) -> subprocess.Popen[bytes]:
+                   key: bytes | None = None, references: Path | None = None) -> subprocess.Popen[bytes]:
     """One pytest session for one target; its cases spread over `workers` xdist workers,
     or over the workers of the given xdist `--tx` specs. `attempt` counts the follow-up
     sessions of this target (its cases without a record after a worker died); they run
@@ -141,7 +141,8 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
                f"--repro-description={case_dir / f'{safe}.description'}", f"--repro-roles={json.dumps(roles)}",
                f"--repro-startup={case_dir / f'{safe}.startup.jsonl'}", f"--repro-load-timeout={load_timeout}",
                f"--repro-max-rss={max_rss}", f"--repro-seal-fd={key_fd}",
-               f"--repro-inflight={case_dir / f'{safe}.inflight.jsonl'}", str(case_file)]
+               f"--repro-inflight={case_dir / f'{safe}.inflight.jsonl'}",
+               *([f"--repro-references={references}"] if references else []), str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
     # A crash costs one worker, so a target that crashes on every case still gets a fresh
@@ -159,20 +160,44 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
             command += [f"--rsyncdir={d}" for d in (case_dir, repo / "harness", repo / "cases", *(rsyncdirs or []))]
     else:
         command += ["-n", str(max(1, workers))]
+    return _spawn(command, case_dir / f"{safe}.log", key_fd, append=bool(attempt))
+
+
+def _spawn(command: list[str], log_path: Path, key_fd: int, append: bool = False) -> subprocess.Popen[bytes]:
+    """A child of the run: its own process group (stopped as a whole), killed by the kernel if we
+    die, with the harness importable and `key_fd` (the run's seal key, or -1) inherited."""
     # The caller's PYTEST_ADDOPTS would change every session (-x, -p, --timeout...): the session's options are these.
     env = lifetime.session_env({**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
                                 "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
-    with open(case_dir / f"{safe}.log", "a" if attempt else "w") as log:
-        # Own process group (stopped as a whole), and killed by the kernel if we die. The
-        # pre-exec hook only calls prctl and getppid, safe between fork and exec.
+    with open(log_path, "a" if append else "w") as log:
+        # The pre-exec hook only calls prctl and getppid, safe between fork and exec.
         arm = functools.partial(lifetime.die_with_parent, os.getpid())
         try:
             return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
-                                    preexec_fn=arm, pass_fds=(key_fd,) if key else ())  # noqa: PLW1509
+                                    preexec_fn=arm, pass_fds=(key_fd,) if key_fd >= 0 else ())  # noqa: PLW1509
         finally:
-            if key:
+            if key_fd >= 0:
                 os.close(key_fd)
+
+
+def _start_references(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]], out_dir: Path,
+                      key: bytes | None) -> tuple[Path, subprocess.Popen[bytes]] | None:
+    """The reference process (harness.engine.reference) for every case of the run whose reference
+    needs no target, once per case whatever the number of targets; None when no case has one."""
+    from harness.engine.reference import independent
+
+    cases = [c.as_dict() for c in dict.fromkeys(c for _, cases, _ in plan for c in cases) if independent(c)]
+    if not cases:
+        return None
+    case_dir = out_dir / "sessions"
+    case_dir.mkdir(exist_ok=True)
+    (case_dir / "references.cases.json").write_text(json.dumps(cases))
+    path = case_dir / "references.bin"
+    key_fd = seal.key_pipe(key) if key else -1
+    command = [sys.executable, "-m", "harness.engine.reference", str(case_dir / "references.cases.json"), str(path),
+               "--seal-fd", str(key_fd)]
+    return path, _spawn(command, case_dir / "references.log", key_fd)
 
 
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -234,15 +259,21 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
     reader.poll()
     baseline = dict(reader.done)
     totals = {t.spec: len(cases) for t, cases, _ in plan}
+    started = _start_references(plan, out_dir, key)
+    references, reference_process = started if started else (None, None)
     try:
         while pending or running:
             while pending and len(running) < concurrent:
                 job = pending.pop(0)
                 target, cases, roles, attempt = job
                 process = _start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout, attempt,
-                                         tx, rsyncdirs, load_timeout, max_rss, key)
+                                         tx, rsyncdirs, load_timeout, max_rss, key, references)
                 running[process.pid] = (process, job)
             time.sleep(0.2)
+            if reference_process and references and reference_process.poll() not in (None, 0):
+                # The controllers stop waiting for the file and compute each reference themselves.
+                references_failed(references, reference_process.returncode, problems)
+                reference_process = None
             ended = [pid for pid, (process, _) in running.items() if process.poll() is not None]
             reader.poll()  # after the exits: an ended session's records are all on disk
             for pid in ended:
@@ -269,8 +300,17 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                 last = line
     finally:
         # Interrupted (Ctrl-C, SIGTERM): stop the sessions; what they wrote stays in the JSONL.
-        _stop([process for process, _ in running.values()])
+        _stop([process for process, _ in running.values()] + ([reference_process] if reference_process else []))
     return exits
+
+
+def references_failed(path: Path, code: int | None, problems: list[str] | None) -> None:
+    from harness.runner.references import failed_marker
+
+    failed_marker(path).touch()
+    if problems is not None:  # not a result lost (each controller computes its own), but worth a look
+        problems.append(f"the reference process exited with status {code} (see sessions/references.log); "
+                        "each session's controller computed its references itself")
 
 
 def target_problem(prepared: targets.PreparedTarget) -> str:

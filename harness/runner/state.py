@@ -1,10 +1,11 @@
-"""The judge keeps its own tools and the state it judges under: a target shares the worker
-process with the checks, so what it changes there (at import or in a case) is undone
-before each case and named in the record.
+"""The conditions a worker observes under: a target shares the worker process with the case's
+steps, so what it changes there (at import or in a case: grad mode, default dtype, the torch
+functions a case calls) is undone before each case and named in the record. The checks and
+the verdict are not here: they are made in the session's controller (harness.engine.compare).
 
-Imported before any target (harness.runner.plugin): the functions the checks call are
-bound here and in harness.engine.checks at that moment, and the process-wide torch modes
-a case depends on are taken as they are then.
+Imported before any target (harness.runner.plugin): the functions a case calls are bound
+here at that moment, and the process-wide torch modes a case depends on are taken as they
+are then.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from typing import Any
 import torch
 import torch.testing
 import torch.utils.checkpoint
-
-import harness.engine.checks  # noqa: F401 — binds torch.testing.assert_close before any target is imported
 
 # The functions a case and its checks call, as torch defines them.
 _TOOLS: dict[str, tuple[Any, str]] = {

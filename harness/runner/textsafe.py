@@ -26,16 +26,17 @@ def safe_text(text: str, limit: int = TEXT_LIMIT) -> str:
     return text
 
 
-def safe_value(value: Any) -> Any:
-    """`value` with every string made safe (recursively through dicts and lists)."""
+def safe_value(value: Any, keep_bytes: bool = False) -> Any:
+    """`value` with every string made safe (recursively through dicts and lists); `keep_bytes`:
+    bytes stay bytes (a worker's raw observation, whose tensors travel as bytes), else their repr."""
     if isinstance(value, str):
         return safe_text(value)
-    if value is None or isinstance(value, (bool, int, float)):
+    if value is None or isinstance(value, (bool, int, float)) or (keep_bytes and isinstance(value, bytes)):
         return value
     if isinstance(value, dict):
-        return {safe_text(str(k)): safe_value(v) for k, v in value.items()}
+        return {safe_text(str(k)): safe_value(v, keep_bytes) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [safe_value(v) for v in value]
+        return [safe_value(v, keep_bytes) for v in value]
     return safe_text(repr(value))
 
 

@@ -1,0 +1,96 @@
+"""The judge's side of a case: two raw observations (the target's and the reference's, as
+plain data from harness.engine.calls or a scenario's trial) compared, and the result's fields.
+
+It runs in the session's controller, a process that never imports a target, so nothing a
+target does at import or in a case can change a tolerance, a check or an outcome.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from cases.case import Case
+from cases.deviations import split_known
+from cases.regressions import REGRESSIONS
+from harness.engine import checks
+from harness.model import Outcome
+
+OUTCOME_OF_CHECK = {
+    "completion": Outcome.CRASH, "outputs": Outcome.WRONG_OUTPUT, "output_requires_grad": Outcome.WRONG_OUTPUT,
+    "gradients": Outcome.WRONG_GRAD, "caller_tensors": Outcome.SIDE_EFFECT,
+    "observations": Outcome.SIDE_EFFECT,  # a regression's own scenario: what its steps observed differs
+}
+REFERENCE_FAILED = "the unfused reference itself failed"
+
+
+def _observation_differences(test: dict[str, Any], reference: dict[str, Any]) -> list[str]:
+    return [f"{key}: {test.get(key)!r}, reference {reference.get(key)!r}"
+            for key in dict.fromkeys([*reference, *test]) if test.get(key) != reference.get(key)]
+
+
+def failed_checks(test: dict[str, Any], reference: dict[str, Any], crashed: bool,
+                  label: str | None = None) -> dict[str, list[str]]:
+    """Each failed check's descriptions. Outputs are compared per call ("call N", or `label` for
+    a scenario's steps), with their requires_grad where both sides recorded it; after a crash
+    only the caller's tensors' flags are comparable."""
+    failed: dict[str, list[str]] = {}
+    if differences := _observation_differences(test.get("observed") or {}, reference.get("observed") or {}):
+        failed["observations"] = differences
+    if not crashed:
+        flags = zip(test.get("requires_grad") or [], reference.get("requires_grad") or [])
+        for call, (actual, expected) in enumerate(zip(test["outputs"], reference["outputs"])):
+            what = label or f"call {call + 1}"
+            if f := checks.check_outputs(actual, expected, what):
+                failed.setdefault("outputs", []).extend(f)
+        for call, (actual_flags, expected_flags) in enumerate(flags):
+            what = label or f"call {call + 1}"
+            if f := checks.check_requires_grad_flags(actual_flags, expected_flags, what):
+                failed.setdefault("output_requires_grad", []).extend(f)
+        if f := checks.check_gradients(test["grads"], reference["grads"]):
+            failed["gradients"] = f
+    if f := checks.check_caller_tensors(test["before"], test["after"], reference["before"], reference["after"],
+                                        flags_only=crashed):
+        failed["caller_tensors"] = f
+    return failed
+
+
+def checked(case: Case, failed: dict[str, list[str]], error: dict[str, Any] | None, started: float,
+            note: str | None = None, version: str = "") -> dict[str, Any]:
+    """The observation from the checks' failures: those a known deviation of the case's
+    regression explains set apart, a crash first, the outcome from the first failed check."""
+    failed, known = split_known(case, REGRESSIONS[case.regression].deviations, failed, version)
+    if error is not None:
+        failed = {"completion": [f"{error['type']}: {error['message'].splitlines()[0] if error['message'] else ''}"],
+                  **failed}
+    outcome = next((OUTCOME_OF_CHECK[c] for c in OUTCOME_OF_CHECK if c in failed), Outcome.PASS)
+    record = observation(outcome, failed, error, started, note=note)
+    record["known_deviations"] = known
+    return record
+
+
+def observation(outcome: Outcome, failed: dict[str, list[str]], error: dict[str, Any] | None, started: float,
+                note: str | None = None, duration_s: float | None = None) -> dict[str, Any]:
+    return {
+        "outcome": outcome.value, "failed_checks": list(failed), "error": error, "details": failed,
+        "side_effects": failed.get("caller_tensors", []), "known_deviations": [], "note": note,
+        "duration_s": round(time.perf_counter() - started, 6) if duration_s is None else duration_s,
+    }
+
+
+def compared(case: Case, raw: dict[str, Any], reference: dict[str, Any], version: str) -> dict[str, Any]:
+    """A case's observed fields from the target's raw observation and the reference's.
+    `raw`: the worker's, with its `test` side (and a `reference` side when the reference ran
+    beside the target, as Megatron's and a scenario's own do), the `error` that ended the test
+    side, and the fields it adds as they are (`fields`); `reference`: a side, or its `error`."""
+    started = time.perf_counter()
+    duration = raw.get("duration_s", 0.0)
+    if reference.get("error") is not None:
+        return observation(Outcome.HARNESS_ERROR, {"reference": [REFERENCE_FAILED]}, reference["error"], started,
+                           note=REFERENCE_FAILED, duration_s=duration)
+    error = raw.get("error")
+    failed = failed_checks(raw["test"], reference, error is not None, raw.get("label"))
+    record = checked(case, failed, error, started, raw.get("note"), version)
+    record["duration_s"] = duration
+    record.update(raw.get("fields") or {})
+    return record

@@ -1,0 +1,112 @@
+"""The judge outside the target's process: what a worker sends is plain data, read back strictly,
+compared with a reference computed without any target, and only then judged."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from cases.case import Case
+from harness.engine import reference, wire
+from harness.model import Role
+from harness.runner.records import judged
+
+CASE = Case("issue22", client="ops", pipeline="fused_residual_rmsnorm", grad_mode="enabled", input="non_leaf",
+            params="trainable", recompute="none", sequence="single", grad_form="dense", dtype="bfloat16",
+            device="cpu")
+
+
+def _judged(raw: dict, ref: dict | None = None) -> dict:
+    return judged(CASE, "te-2.13.0", Role.UNPATCHED, raw, ref, "2.13.0")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.bool, torch.int64])
+def test_tensors_cross_as_plain_data_and_come_back_equal(dtype: torch.dtype) -> None:
+    value = (torch.randn(3, 5) * 4).to(dtype)
+    packed = wire.pack({"a": [value, (value[:0], None)], "b": "text"})
+    back = wire.unpack(packed)
+    torch.testing.assert_close(back["a"][0], value, rtol=0, atol=0)
+    assert back["a"][1][0].shape == (0, 5) and back["a"][1][1] is None and back["b"] == "text"
+
+
+@pytest.mark.parametrize("field, why", [
+    (["float32", [2, 2], b"\0" * 15], "with 15 bytes, not 16"),
+    (["object", [1], b"\0"], "unknown dtype"),
+    (["float32", [-1], b""], "not a list of sizes"),
+    ("float32", "not [dtype, shape, bytes]"),
+])
+def test_a_tensor_that_is_not_one_is_refused(field: object, why: str) -> None:
+    with pytest.raises(wire.WireError, match=why.replace("[", r"\[")):
+        wire.unpack({wire.TENSOR: field})
+
+
+def test_nesting_is_bounded() -> None:
+    deep: object = []
+    for _ in range(wire.MAX_DEPTH + 5):
+        deep = [deep]
+    with pytest.raises(wire.WireError, match="nested too deep"):
+        wire.unpack(deep)
+
+
+def test_a_worker_that_sends_the_references_values_passes_and_one_that_is_off_fails() -> None:
+    side = reference.reference_side(CASE)  # a worker whose target computes exactly the reference
+    raw = {"test": side, "error": None, "fields": {"fused_ops": []}, "duration_s": 0.01}
+    assert _judged(raw)["outcome"] == "pass"
+    off = wire.unpack(side)
+    off["outputs"] = [tuple(o * 1.5 for o in call) for call in off["outputs"]]
+    record = _judged({**raw, "test": wire.pack(off)})
+    assert record["outcome"] == "wrong_output" and "outputs" in record["failed_checks"], record["details"]
+    flags = wire.unpack(side)
+    flags["requires_grad"] = [[not f for f in call] for call in flags["requires_grad"]]
+    assert "output_requires_grad" in _judged({**raw, "test": wire.pack(flags)})["failed_checks"]
+
+
+@pytest.mark.parametrize("raw, note", [
+    ({"observed": {"outcome": "pass", "failed_checks": [], "details": {}, "error": None}},
+     "claims outcome 'pass' without the sides"),
+    ({"test": {wire.TENSOR: ["float32", [1], b""]}, "error": None}, "the worker's observation could not be judged"),
+    ({"test": {"outputs": []}, "error": None}, "the worker's observation could not be judged"),
+])
+def test_a_raw_observation_that_is_not_one_is_a_harness_error(raw: dict, note: str) -> None:
+    record = _judged(raw)
+    assert record["outcome"] == "harness_error" and record["verdict"] == "harness_error"
+    assert note in record["note"], record["note"]
+
+
+def test_a_reference_that_failed_is_a_harness_error_never_a_pass() -> None:
+    side = reference.reference_side(CASE)
+    record = _judged({"test": side, "error": None}, {"error": {"type": "RuntimeError", "message": "x",
+                                                                "location": None}})
+    assert record["outcome"] == "harness_error" and "unfused reference itself failed" in record["note"]
+
+
+def test_the_references_file_is_sealed(tmp_path: Path) -> None:
+    path, key = tmp_path / "references.bin", b"k" * 32
+    reference.write(path, {CASE.case_id: reference.reference_side(CASE)}, key)
+    assert CASE.case_id in (reference.read(path, key) or {})
+    assert reference.read(path, b"x" * 32) is None  # another run's key
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 1
+    path.write_bytes(bytes(data))
+    assert reference.read(path, key) is None  # a spoiled file: the controller computes its own
+
+
+def test_the_reference_process_never_imports_a_target(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    cases = tmp_path / "cases.json"
+    cases.write_text(json.dumps([CASE.as_dict()]))
+    probe = ("import runpy, sys; sys.argv = ['reference', {!r}, {!r}];"
+             "\ntry: runpy.run_module('harness.engine.reference', run_name='__main__')"
+             "\nexcept SystemExit: pass"
+             "\nprint(sorted(m for m in sys.modules if m.startswith('transformer_engine')))").format(
+        str(cases), str(tmp_path / "out.bin"))
+    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
+    assert result.stdout.strip() == "[]", result.stdout
+    assert CASE.case_id in (reference.read(tmp_path / "out.bin", None) or {})
