@@ -3,8 +3,9 @@
 Each target lives in its own long-lived worker process (`harness.bench.worker`; one TE
 target per process). First every worker checks every combination once; only those that
 complete on every target are timed, the rest are recorded with the reason. Then the
-parent times them in rounds, alternating targets (A B C, B C A, ...), one measurement
-at a time so workers never compete for the two cores. Each worker also times the
+parent times each combination in rounds, alternating targets (A B C, B C A, ...), one
+measurement at a time so workers never compete for the two cores; a worker builds, warms up
+and calibrates a combination's steps once for all its rounds. Each worker also times the
 unfused PyTorch reference of the same pipeline, a control for machine drift.
 """
 
@@ -39,6 +40,11 @@ DEFAULT_UPSTREAM = "te-2.16.0"
 START_TIMEOUT_S = 300
 CHECK_TIMEOUT_S = 600
 POLL_S = 1.0  # how often a waiting controller looks at a silent worker
+# The worker's timing (harness.bench.worker): a block of calls long enough that the clock's and the
+# loop's own cost vanish in it, after warm-up calls; at least MIN_BLOCKS blocks per measurement.
+BLOCK_S = 0.005
+WARMUP_CALLS = 3
+MIN_BLOCKS = 3
 
 
 class BenchWorkerError(RuntimeError):
@@ -271,10 +277,12 @@ def _time_rounds(workers: list[Worker], benched: list[dict[str, str]], rounds: i
         {w.spec: {side: [] for side in sides} for w in workers} for _ in benched]
     memory: list[dict[str, dict[str, int | None]]] = [{} for _ in benched]
     timeout = 120 + 20 * min_run_time
-    for round_index in range(rounds):
-        # Rotate who goes first, so no target always runs right after the same neighbour.
-        order = workers[round_index % len(workers):] + workers[:round_index % len(workers)]
-        for index, combo in enumerate(benched):
+    # One combination at a time, its rounds together: each worker builds, warms up and calibrates
+    # its steps once (harness.bench.worker), and the targets still alternate within each round.
+    for index, combo in enumerate(benched):
+        for round_index in range(rounds):
+            # Rotate who goes first, so no target always runs right after the same neighbour.
+            order = workers[round_index % len(workers):] + workers[:round_index % len(workers)]
             for worker in order:
                 for side in sides:
                     reply = worker.ask({"cmd": "time", "combo": combo, "reference": side == "reference",
@@ -286,7 +294,8 @@ def _time_rounds(workers: list[Worker], benched: list[dict[str, str]], rounds: i
                     iqrs[index][worker.spec][side].append(reply.get("iqr_s"))
                     if reply.get("memory_bytes") is not None:
                         memory[index].setdefault(worker.spec, {})[side] = reply["memory_bytes"]
-        progress(f"  round {round_index + 1}/{rounds} done")
+        if (index + 1) % max(1, len(benched) // 10) == 0 or index + 1 == len(benched):
+            progress(f"  {index + 1}/{len(benched)} combinations timed, {rounds} rounds each")
     rows = [{"timings_s": {spec: {side: {"median_per_round": timings[i][spec][side],
                                          "iqr_per_round": iqrs[i][spec][side]} for side in timings[i][spec]}
                            for spec in timings[i]},
@@ -357,7 +366,9 @@ def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list
         "shapes": {name: asdict(SHAPES[name]) for name in shapes},
         "environment": {"torch": torch.__version__, "python": platform.python_version(),
                         "machine": platform.node(), "cpus": os.cpu_count()},
-        "timer": "torch.utils.benchmark.Timer.blocked_autorange, num_threads=1; per call: median and IQR of blocks",
+        "timer": (f"blocks of calls calibrated to {BLOCK_S * 1e3:g} ms after {WARMUP_CALLS} "
+                  f"warm-up calls, at least {MIN_BLOCKS} blocks and min_run_time per measurement, "
+                  "torch on 1 thread; per call: median and IQR of blocks"),
         "notes": [INPUT_NOTE, RATIO_NOTE] + ([CPU_MEMORY_NOTE] if any(c["device"] == "cpu" for c in todo) else []),
         "test_slowdown": slowed or None,
         "problems": problems,

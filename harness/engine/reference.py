@@ -49,7 +49,6 @@ def parameters(case: Case) -> dict[str, torch.Tensor]:
 
 def reference_side(case: Case) -> dict[str, Any]:
     """The reference's side of one call case, packed; or {"error": ...} when it failed itself."""
-    torch.set_num_threads(1)
     pipeline = PIPELINES[case.pipeline]
     params = parameters(case)
     ordered = list(params.values())
@@ -92,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     from harness.runner import seal
 
     key = seal.read_key(args.seal_fd) if args.seal_fd >= 0 else None
+    torch.set_num_threads(1)  # tiny tensors: the parallelism is the run's processes
     cases = [Case(**fields) for fields in json.loads(args.cases.read_text())]
     references = {case.case_id: reference_side(case) for case in dict.fromkeys(cases) if independent(case)}
     write(args.out, references, key)

@@ -33,6 +33,7 @@ import contextlib
 import fcntl
 import json
 import os
+import queue
 import signal
 import socket
 import sys
@@ -433,7 +434,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _write_records(config, [{seal.REJECTED: problem, "target": spec}])
             return
         _state["recorded"].add(payload["case_id"])
-        _write_records(config, [_judged(config, payload["case_id"], payload.get("raw"))])
+        _judge_later(config, payload["case_id"], payload.get("raw"))
     elif kind in ("description", "loaded"):
         with _lock:  # loaded: the case's own time starts now
             if key in inflight:
@@ -446,6 +447,47 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             handle.write(json.dumps(payload) + "\n")
 
 
+def _judge_later(config: pytest.Config, case_id: str, raw: Any) -> None:
+    """Hand a raw observation to the controller's judge thread. xdist's event loop, which runs this
+    hook, hands the workers their next chunks: judging in it would leave them waiting."""
+    if "judge_queue" not in _state:
+        _state["judge_queue"] = queue.Queue()
+        threading.Thread(target=_judge_loop, args=(config, _state["judge_queue"]), daemon=True,
+                         name="repro-judge").start()
+    _state["judge_queue"].put((case_id, raw))
+
+
+def _judge_loop(config: pytest.Config, pending: queue.Queue[tuple[str, Any]]) -> None:
+    while True:
+        case_id, raw = pending.get()
+        try:
+            record = _judged(config, case_id, raw)
+        except Exception as exc:  # noqa: BLE001 — the judge's own failure: a result, never a lost one
+            from cases.case import Case
+            from harness.runner.records import lost_case_record
+
+            roles = json.loads(config.getoption("--repro-roles"))
+            record = lost_case_record(case_id, json.loads(config.getoption("--repro-target"))["spec"],
+                                      _role(roles, Case.from_id(case_id).regression), "the judge failed",
+                                      traceback.format_exc(), type(exc).__name__)
+        try:
+            _write_records(config, [record])
+        finally:
+            pending.task_done()
+
+
+def _judged_all() -> None:
+    """Wait until the judge thread has written every record handed to it."""
+    if "judge_queue" in _state:
+        _state["judge_queue"].join()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    if not hasattr(session.config, "workerinput"):
+        _judged_all()
+
+
 def _judged(config: pytest.Config, case_id: str, raw: Any) -> dict[str, Any]:
     """The record of a worker's raw observation, judged here, in the controller: a process that
     never imports the target (harness.runner.records.judged), against the run's references."""
@@ -453,8 +495,12 @@ def _judged(config: pytest.Config, case_id: str, raw: Any) -> dict[str, Any]:
     from harness.runner import references
     from harness.runner.records import judged
 
-    target = json.loads(config.getoption("--repro-target"))
-    roles = json.loads(config.getoption("--repro-roles"))
+    if "judge" not in _state:  # once: the checks on one thread, as the workers' cases (idle OpenMP
+        import torch  # threads spinning on shared cores cost several times the check)
+
+        torch.set_num_threads(1)
+        _state["judge"] = (json.loads(config.getoption("--repro-target")), json.loads(config.getoption("--repro-roles")))
+    target, roles = _state["judge"]
     case = Case.from_id(case_id)
     if not isinstance(raw, dict):
         raw = {"observed": {"outcome": "harness_error", "failed_checks": ["harness"], "details": {}, "error": None,
@@ -498,6 +544,7 @@ def _record_load_timeout(config: pytest.Config, spec: str, roles: dict[str, str]
     from harness.errors import TargetLoadError
     from harness.runner.records import judge
 
+    _judged_all()  # what the workers observed before the load hung is recorded first
     seconds = config.getoption("--repro-load-timeout")
     error = TargetLoadError(f"{spec} did not load within {seconds:g} s (--load-timeout): its worker was ended "
                             "while importing torch, the target or Megatron (a loop or a hang at import)")
