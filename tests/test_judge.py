@@ -63,6 +63,25 @@ def test_a_worker_that_sends_the_references_values_passes_and_one_that_is_off_fa
     assert "output_requires_grad" in _judged({**raw, "test": wire.pack(flags)})["failed_checks"]
 
 
+@pytest.mark.parametrize("what", ["no calls", "no flags", "fewer flags", "no caller tensors", "no gradients"])
+def test_an_observation_with_parts_left_out_fails(what: str) -> None:
+    """A worker that leaves out what it observed gets no pass for it: each part the reference has
+    must be there to compare."""
+    side = wire.unpack(reference.reference_side(CASE))
+    if what == "no calls":
+        side["outputs"], side["requires_grad"] = [], []
+    elif what == "no flags":
+        side["requires_grad"] = []
+    elif what == "fewer flags":
+        side["requires_grad"] = [call[:1] for call in side["requires_grad"]]
+    elif what == "no caller tensors":
+        side["before"], side["after"] = {}, {}
+    else:
+        side["grads"] = {}
+    record = _judged({"test": wire.pack(side), "error": None})
+    assert record["outcome"] != "pass" and record["verdict"] not in ("fixed", "unaffected"), record["details"]
+
+
 @pytest.mark.parametrize("raw, note", [
     ({"observed": {"outcome": "pass", "failed_checks": [], "details": {}, "error": None}},
      "claims outcome 'pass' without the sides"),

@@ -45,6 +45,8 @@ def check_outputs(actual: Sequence[torch.Tensor], expected: Sequence[torch.Tenso
 
 def check_requires_grad_flags(actual: Sequence[bool], expected: Sequence[bool], call: str) -> list[str]:
     """Whether each output requires grad, as the reference's does (flags recorded by each side)."""
+    if len(actual) != len(expected):
+        return [f"{call}: requires_grad of {len(actual)} outputs, reference {len(expected)}"]
     return [
         f"{call} output {i}: requires_grad={a}, reference {e}"
         for i, (a, e) in enumerate(zip(actual, expected))
@@ -82,7 +84,10 @@ def check_caller_tensors(
     all, except what an in-place op changes by design. After a crash (`flags_only`) the
     values are not comparable with a reference that ran to the end; the flags are."""
     failures = []
-    for name in before:
+    if set(before) != set(ref_before) or set(after) != set(ref_before):  # every caller's tensor, seen both times
+        failures.append(f"caller's tensors: observed {sorted(before)} before and {sorted(after)} after, "
+                        f"reference {sorted(ref_before)}")
+    for name in set(before) & set(after) & set(ref_before):
         for key in ("requires_grad", "is_leaf", "grad_fn"):
             if after[name][key] != ref_after[name][key]:
                 failures.append(f"caller's {name}.{key}: {before[name][key]} -> {after[name][key]}, reference -> {ref_after[name][key]}")
