@@ -41,8 +41,8 @@ def failed_checks(test: dict[str, Any], reference: dict[str, Any], crashed: bool
         if len(test["outputs"]) != len(reference["outputs"]):  # every call, observed or missing
             failed["outputs"] = [f"{len(test['outputs'])} calls observed, reference {len(reference['outputs'])}"]
         if "requires_grad" in reference and len(test.get("requires_grad") or []) != len(reference["requires_grad"]):
-            failed["output_requires_grad"] = [f"requires_grad of {len(test.get('requires_grad') or [])} calls, "
-                                              f"reference {len(reference['requires_grad'])}"]
+            counts = len(test.get("requires_grad") or []), len(reference["requires_grad"])
+            failed["output_requires_grad"] = [f"requires_grad of {counts[0]} calls, reference {counts[1]}"]
         flags = zip(test.get("requires_grad") or [], reference.get("requires_grad") or [])
         for call, (actual, expected) in enumerate(zip(test["outputs"], reference["outputs"])):
             what = label or f"call {call + 1}"
