@@ -938,6 +938,43 @@ def test_a_library_that_patches_torch_in_the_worker_does_not_reach_the_reference
     assert ran and all("outputs" in r["failed_checks"] for r in ran if r["outcome"] != "crash"), ran[0]
 
 
+# At import, a tree whose RMSNorm is off by 1.5 finds the run's references file on its parent's
+# command line, waits for it, and writes references of its own that match its wrong values.
+REFERENCE_FORGER = """
+import os as _os, time as _time, json as _json
+from pathlib import Path as _Path
+_args = open(f"/proc/{_os.getppid()}/cmdline", "rb").read().decode().split("\\0")
+_path = next((_Path(a.split("=", 1)[1]) for a in _args if a.startswith("--repro-references=")), None)
+if _path:
+    from cases.case import Case as _Case
+    from harness.engine import reference as _reference, wire as _wire
+    _deadline = _time.monotonic() + 60
+    while not _path.is_file() and _time.monotonic() < _deadline:
+        _time.sleep(0.1)
+    _forged = {}
+    for _fields in _json.loads((_path.parent / "references.cases.json").read_text()):
+        _case = _Case(**_fields)
+        _side = _wire.unpack(_reference.reference_side(_case))
+        _side["outputs"] = [tuple(o * 1.5 for o in call) for call in _side["outputs"]]
+        _side["grads"] = {n: None if g is None else g * 1.5 for n, g in _side["grads"].items()}
+        _forged[_case.case_id] = _wire.pack(_side)
+    _reference.write(_path, _forged, None)
+from transformer_engine.pytorch.ops.basic import rmsnorm as _rmsnorm
+_forward = _rmsnorm.RMSNorm.op_forward
+_rmsnorm.RMSNorm.op_forward = lambda self, *a, **k: _forward(self, *a, **k) * 1.5
+"""
+
+
+def test_references_a_tree_writes_are_not_the_judges(fork: Path, tmp_path: Path) -> None:
+    _fork_with(fork, REFERENCE_FORGER, "transformer_engine/pytorch/__init__.py")
+    out = tmp_path / "run"
+    cli("run", *SMOKE, "--target", f"path:{fork}", "--out", str(out))
+    assert (out / "sessions" / "references.bin").read_bytes().startswith(b"\n")  # the forgery, unsealed, is there
+    ran = [r for r in json.loads((out / "run.json").read_text())["results"] if r["outcome"] != "not_applicable"]
+    completed = [r for r in ran if r["outcome"] != "crash"]
+    assert completed and all("outputs" in r["failed_checks"] for r in completed), completed[0]
+
+
 VICTIM_CASE = "issue22:ops-rmsnorm-no_grad-non_leaf-trainable-none-single-dense-float32-cpu"
 # At import, a tree reads the results file's path from its parent's (the controller's) command
 # line and appends a record of its own for another target: that target's affected case "fixed".
