@@ -63,6 +63,15 @@ def test_a_worker_that_sends_the_references_values_passes_and_one_that_is_off_fa
     assert "output_requires_grad" in _judged({**raw, "test": wire.pack(flags)})["failed_checks"]
 
 
+def test_a_worker_cannot_bring_its_own_reference_for_a_pipeline() -> None:
+    """A te.ops pipeline's reference needs no target: one sent beside the target's side, made to
+    match wrong values, is not used."""
+    off = wire.unpack(reference.reference_side(CASE))
+    off["outputs"] = [tuple(o * 1.5 for o in call) for call in off["outputs"]]
+    record = _judged({"test": wire.pack(off), "reference": wire.pack(off), "error": None})
+    assert record["outcome"] == "wrong_output", record["details"]
+
+
 @pytest.mark.parametrize("what", ["no calls", "no flags", "fewer flags", "no caller tensors", "no gradients"])
 def test_an_observation_with_parts_left_out_fails(what: str) -> None:
     """A worker that leaves out what it observed gets no pass for it: each part the reference has

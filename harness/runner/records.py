@@ -92,18 +92,19 @@ def judged(case: Case, spec: str, role: Role, raw: dict[str, Any], reference: di
     from harness.engine import compare, wire
     from harness.engine.reference import independent, reference_side
 
-    if "lost" in raw:
-        lost = raw["lost"]
-        return lost_case_record(case.case_id, spec, role, str(lost["why"]), str(lost["text"]), lost.get("error_type"))
     try:
+        if "lost" in raw:
+            lost = raw["lost"]
+            return lost_case_record(case.case_id, spec, role, str(lost["why"]), str(lost["text"]),
+                                    None if lost.get("error_type") is None else str(lost["error_type"]))
         if "observed" in raw:
             observed = dict(raw["observed"])
             if observed.get("outcome") not in NOT_RUN:  # a case that ran brings its sides, never a verdict
                 raise wire.WireError(f"it claims outcome {observed.get('outcome')!r} without the sides it observed")
         else:
-            side = reference if reference is not None else raw.get("reference")
-            if side is None and independent(case):
-                side = reference_side(case)
+            # A reference that needs no target is never the worker's to send.
+            side = (reference if reference is not None else reference_side(case)) if independent(case) \
+                else raw.get("reference")
             if side is None:
                 raise wire.WireError("no reference side came with it")
             observed = compare.compared(case, wire.unpack(raw), wire.unpack(side), version)
