@@ -184,11 +184,13 @@ def _spawn(command: list[str], log_path: Path, key_fd: int, append: bool = False
 def _start_references(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]], out_dir: Path,
                       key: bytes | None) -> tuple[Path, subprocess.Popen[bytes]] | None:
     """The reference process (harness.engine.reference) for every case of the run whose reference
-    needs no target, once per case whatever the number of targets; None when no case has one."""
+    needs no target, once per case whatever the number of targets; None when no case has one, or
+    when one target runs them: its controller computes each once anyway, without the process's
+    start-up (importing torch, about 2 s)."""
     from harness.engine.reference import independent
 
     cases = [c.as_dict() for c in dict.fromkeys(c for _, cases, _ in plan for c in cases) if independent(c)]
-    if not cases:
+    if not cases or sum(1 for _, cases, _ in plan if cases) < 2:
         return None
     case_dir = out_dir / "sessions"
     case_dir.mkdir(exist_ok=True)
