@@ -5,8 +5,8 @@
 2. the compute floor of the same cases, measured right after it: each target loaded in
    a subprocess of its own (one target per process, as in the run), each case it ran observed
    and judged (harness.runner.records observe, then judged), timed; the plain-PyTorch
-   references once per case definition in a process of their own (as the run's reference
-   process); the floor is that compute spread over the run's parallel workers, with and
+   references once per case definition in a process of their own (the run's judge computes
+   them once for every target); the floor is that compute spread over the run's parallel workers, with and
    without each process's start-up;
 3. wall / floor, the harness's cost as a ratio;
 4. worker start-up, split into torch import, target load and Megatron import, as the
@@ -85,7 +85,7 @@ def floor_worker(spec: str, case_file: str, threads: int) -> None:
         megatron_s = time.perf_counter() - importing
     # As in the run's workers (-p no:warnings): checkpoint warns on cases whose inputs need no grad.
     warnings.filterwarnings("ignore")
-    # The run computes each reference once for every target (the reference process): not this floor's.
+    # The run computes each reference once for every target (its judge): not this floor's.
     references = {c.case_id: reference_side(c) for c in cases if independent(c)}
     compute, judging, ran = 0.0, 0.0, 0
     for case in cases:
@@ -104,7 +104,7 @@ def floor_worker(spec: str, case_file: str, threads: int) -> None:
 
 def reference_floor(case_file: str) -> None:
     """In a fresh process (`--reference-floor`): time the plain-PyTorch references once per case
-    definition, as the run's reference process computes them for every target."""
+    definition, as the run's judge computes them for every target."""
     started = time.perf_counter()
     import torch  # noqa: F401
 

@@ -70,7 +70,7 @@ class Case:
 
     @property
     def case_id(self) -> str:
-        return f"{self.regression}:" + "-".join(value for _, value in self.values)
+        return id_of(self.as_dict())
 
     @classmethod
     def from_id(cls, case_id: str) -> Case:
@@ -87,6 +87,12 @@ class Case:
 
     def as_dict(self) -> dict[str, str]:
         return {"regression": self.regression, **dict(self.values)}
+
+
+def id_of(fields: dict[str, str]) -> str:
+    """The id of the case whose `as_dict()` these fields are, in their order; needs no catalogue
+    (a session's controller reads its case file with it, without importing torch)."""
+    return f"{fields['regression']}:" + "-".join(value for axis, value in fields.items() if axis != "regression")
 
 
 def _restore(regression: str, values: tuple[tuple[str, str], ...]) -> Case:

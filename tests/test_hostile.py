@@ -938,42 +938,47 @@ def test_a_library_that_patches_torch_in_the_worker_does_not_reach_the_reference
     assert ran and all("outputs" in r["failed_checks"] for r in ran if r["outcome"] != "crash"), ran[0]
 
 
-# At import, a tree whose RMSNorm is off by 1.5 finds the run's references file on its parent's
-# command line, waits for it, and writes references of its own that match its wrong values.
-REFERENCE_FORGER = """
-import os as _os, time as _time, json as _json
+# At import, a tree whose RMSNorm is off by 1.5 finds the run's observations file on its parent's
+# command line and appends, for each of its cases, an observation whose sides match the reference.
+OBSERVATION_FORGER = """
+import json as _json, os as _os
 from pathlib import Path as _Path
 _args = open(f"/proc/{_os.getppid()}/cmdline", "rb").read().decode().split("\\0")
-_path = next((_Path(a.split("=", 1)[1]) for a in _args if a.startswith("--repro-references=")), None)
+_path = next((_Path(a.split("=", 1)[1]) for a in _args if a.startswith("--repro-observations=")), None)
 if _path:
     from cases.case import Case as _Case
-    from harness.engine import reference as _reference, wire as _wire
-    _deadline = _time.monotonic() + 60
-    while not _path.is_file() and _time.monotonic() < _deadline:
-        _time.sleep(0.1)
-    _forged = {}
-    for _fields in _json.loads((_path.parent / "references.cases.json").read_text()):
-        _case = _Case(**_fields)
-        _side = _wire.unpack(_reference.reference_side(_case))
-        _side["outputs"] = [tuple(o * 1.5 for o in call) for call in _side["outputs"]]
-        _side["grads"] = {n: None if g is None else g * 1.5 for n, g in _side["grads"].items()}
-        _forged[_case.case_id] = _wire.pack(_side)
-    _reference.write(_path, _forged, None)
+    from harness.engine import reference as _reference
+    from harness.runner import observations as _observations
+    from harness.runner.textsafe import safe_value as _safe
+    _cases = next(a for a in _args if a.endswith(".cases.json"))
+    with open(_path, "a") as _out:
+        for _fields in _json.loads(_Path(_cases).read_text())["cases"]:
+            _case = _Case(**_fields)
+            if _reference.independent(_case):
+                _raw = _safe({"test": _reference.reference_side(_case), "error": None}, keep_bytes=True)
+                _out.write(_observations.line(_case.case_id, _json.loads(next(
+                    a for a in _args if a.startswith("--repro-target="))[len("--repro-target="):])["spec"], _raw, None))
 from transformer_engine.pytorch.ops.basic import rmsnorm as _rmsnorm
 _forward = _rmsnorm.RMSNorm.op_forward
 _rmsnorm.RMSNorm.op_forward = lambda self, *a, **k: _forward(self, *a, **k) * 1.5
 """
 
 
-def test_references_a_tree_writes_are_not_the_judges(fork: Path, tmp_path: Path) -> None:
-    _fork_with(fork, REFERENCE_FORGER, "transformer_engine/pytorch/__init__.py")
-    out = tmp_path / "run"  # two targets: the run's references are computed once for both, in a file
+def test_observations_a_tree_writes_are_not_judged(fork: Path, tmp_path: Path) -> None:
+    _fork_with(fork, OBSERVATION_FORGER, "transformer_engine/pytorch/__init__.py")
+    out = tmp_path / "run"
     cli("run", *SMOKE, "--target", f"path:{fork}", "--target", "te-2.20.2", "--out", str(out))
-    assert (out / "sessions" / "references.bin").read_bytes().startswith(b"\n")  # the forgery, unsealed, is there
-    results = json.loads((out / "run.json").read_text())["results"]
+    run = json.loads((out / "run.json").read_text())
+    forged = sum(1 for line in (out / "sessions" / "observations.jsonl").read_text().splitlines()
+                 if line.startswith("- "))
+    assert forged and any(f"{forged} lines no session of this run wrote" in p for p in run["problems"])
+    results = run["results"]
     ran = [r for r in results if r["outcome"] != "not_applicable" and r["target"] != "te-2.20.2"]
     completed = [r for r in ran if r["outcome"] != "crash"]
     assert completed and all("outputs" in r["failed_checks"] for r in completed), completed[0]
+    mine = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert sum(1 for r in mine if r.get("target") != "te-2.20.2") == len(ran) + sum(
+        1 for r in results if r["target"] != "te-2.20.2" and r["outcome"] == "not_applicable")  # one record a case
     other = [r for r in results if r["target"] == "te-2.20.2" and r["outcome"] != "not_applicable"]
     assert other and all(r["outcome"] == "pass" for r in other)  # nor are the other target's results changed
 

@@ -3,6 +3,7 @@ compared with a reference computed without any target, and only then judged."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -11,7 +12,9 @@ import torch
 from cases.case import Case
 from harness.engine import reference, wire
 from harness.model import Role
+from harness.runner import observations, seal
 from harness.runner.records import judged
+from harness.runner.textsafe import safe_value
 
 CASE = Case("issue22", client="ops", pipeline="fused_residual_rmsnorm", grad_mode="enabled", input="non_leaf",
             params="trainable", recompute="none", sequence="single", grad_form="dense", dtype="bfloat16",
@@ -110,31 +113,47 @@ def test_a_reference_that_failed_is_a_harness_error_never_a_pass() -> None:
     assert record["outcome"] == "harness_error" and "unfused reference itself failed" in record["note"]
 
 
-def test_the_references_file_is_sealed(tmp_path: Path) -> None:
-    path, key = tmp_path / "references.bin", b"k" * 32
-    reference.write(path, {CASE.case_id: reference.reference_side(CASE)}, key)
-    assert CASE.case_id in (reference.read(path, key) or {})
-    assert reference.read(path, b"x" * 32) is None  # another run's key
-    data = bytearray(path.read_bytes())
-    data[-3] ^= 1
-    path.write_bytes(bytes(data))
-    assert reference.read(path, key) is None  # a spoiled file: the controller computes its own
+def _judge(tmp_path: Path, key: bytes | None) -> observations.Judge:
+    return observations.Judge(tmp_path / "observations.jsonl", tmp_path / "results.jsonl", key,
+                              {"te-2.13.0": {"issue22": Role.UNPATCHED.value}}, {"te-2.13.0": "2.13.0"})
 
 
-def test_the_reference_process_never_imports_a_target(tmp_path: Path) -> None:
-    import json
+def _raw(scale: float) -> dict:
+    """A worker's raw observation of CASE as it crosses xdist's channel: made safe, bytes kept."""
+    side = wire.unpack(reference.reference_side(CASE))
+    side["outputs"] = [tuple(o * scale for o in call) for call in side["outputs"]]
+    return safe_value({"test": wire.pack(side), "error": None}, keep_bytes=True)
+
+
+def test_the_run_judges_each_sealed_observation_once_and_no_other(tmp_path: Path) -> None:
+    key = b"k" * 32
+    judge = _judge(tmp_path, key)
+    with open(judge.path, "w") as out:
+        out.write(observations.line(CASE.case_id, "te-2.13.0", _raw(1.0), key))
+        out.write(observations.line(CASE.case_id, "te-2.13.0", _raw(1.0), b"x" * 32))  # another key: a forgery
+        out.write(observations.line(CASE.case_id, "te-2.13.0", _raw(1.0), None))  # unsealed
+        out.write(observations.line(CASE.case_id, "te-2.20.2", _raw(1.0), key)[:-40] + "\n")  # cut short
+        out.write(observations.line(CASE.case_id, "te-2.13.0", _raw(1.5), key)[:30])  # not yet a whole line
+    assert judge.poll() == 1 and judge.poll() == 0
+    records = [json.loads(line) for line in judge.results.read_text().splitlines()]
+    assert [r["outcome"] for r in records] == ["pass"] and seal.holds(records[0], key)
+    assert "3 lines no session of this run wrote" in judge.problems()[0]
+    with open(judge.path, "a") as out:  # the rest of the last line arrives: judged, and wrong
+        out.write(observations.line(CASE.case_id, "te-2.13.0", _raw(1.5), key)[30:])
+    assert judge.poll() == 1
+    last = json.loads(judge.results.read_text().splitlines()[-1])
+    assert last["outcome"] == "wrong_output" and "outputs" in last["failed_checks"]
+
+
+def test_the_runs_judge_never_imports_a_target(tmp_path: Path) -> None:
     import subprocess
     import sys
 
     from tests.conftest import REPO
 
-    cases = tmp_path / "cases.json"
-    cases.write_text(json.dumps([CASE.as_dict()]))
-    probe = ("import runpy, sys; sys.argv = ['reference', {!r}, {!r}];"
-             "\ntry: runpy.run_module('harness.engine.reference', run_name='__main__')"
-             "\nexcept SystemExit: pass"
-             "\nprint(sorted(m for m in sys.modules if m.startswith('transformer_engine')))").format(
-        str(cases), str(tmp_path / "out.bin"))
-    result = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=REPO, check=True)
-    assert result.stdout.strip() == "[]", result.stdout
-    assert CASE.case_id in (reference.read(tmp_path / "out.bin", None) or {})
+    (tmp_path / "observations.jsonl").write_text(observations.line(CASE.case_id, "te-2.13.0", _raw(1.0), None))
+    probe = ("import sys, pathlib; from tests.test_judge import _judge; judge = _judge(pathlib.Path(sys.argv[1]), None)"
+             "\nprint(judge.poll(), sorted(m for m in sys.modules if m.startswith('transformer_engine')))")
+    result = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                            check=True)
+    assert result.stdout.strip() == "1 []", result.stdout + result.stderr

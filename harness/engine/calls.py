@@ -1,5 +1,5 @@
 """How the call scenario calls a pipeline and what it observes of one side, with no target in
-sight: the worker runs it on the target's pipeline, the reference process on plain PyTorch.
+sight: the worker runs it on the target's pipeline, the run's judge on plain PyTorch.
 
 Every random value of a case (the input, the residual, the parameters, the loss weights) comes
 from a generator seeded by the case's id, never from the process's global one, so the

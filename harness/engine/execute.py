@@ -2,7 +2,7 @@
 call (harness.engine.calls), sent raw to the judge (harness.engine.compare), which compares it
 with the reference outside this process.
 
-A te.ops pipeline's reference is plain PyTorch, computed by the reference process from the
+A te.ops pipeline's reference is plain PyTorch, computed by the run's judge from the
 same values (harness.engine.reference); the parameters of the target's pipeline are set to
 those values here. A Megatron client's reference (plain torch for the norm, the same block
 without recompute) needs the target, so it runs here too, as a second raw side.

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -22,7 +21,7 @@ import torch
 
 from cases.case import Case
 from cases.scenario import Scenario, Steps
-from harness.engine import checks, compare, seeding, wire
+from harness.engine import calls, checks, compare, seeding, wire
 from harness.engine.frames import error_record
 
 
@@ -67,7 +66,7 @@ def observe_trial(case: Case, target: Any, scenario: Scenario) -> dict[str, Any]
     the target's, both run here (the trial builds them together), judged outside this process."""
     assert scenario.trial is not None
     started = time.perf_counter()
-    seeding.manual_seed(zlib.crc32(case.case_id.split(":", 1)[1].encode()))
+    seeding.manual_seed(calls.case_seed(case))
     left_behind: list[str] = []
     raw: dict[str, Any] = {"label": "steps", "error": None}
     with process_state_kept(left_behind):

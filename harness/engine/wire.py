@@ -1,5 +1,5 @@
-"""Tensors as plain data, so a worker's raw observation crosses xdist's channel (and the reference
-process's file) and is read back where the judging happens, outside the target's process.
+"""Tensors as plain data, so a worker's raw observation crosses xdist's channel (and the run's
+observations file, harness.runner.observations) and is read back where the judging happens, outside the target's process.
 
 A tensor travels as its dtype's name, its shape and its bytes; everything else as the plain
 values execnet carries (dicts, lists, tuples, strings, numbers, bytes). Reading back is strict:

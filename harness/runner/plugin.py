@@ -5,9 +5,10 @@ case. One pytest session runs one target.
 In a worker, a chunk runs its cases one at a time. Before each case the worker tells the
 controller which case starts; after it, it sends the case's record. Both travel as pytest
 reports over xdist's own channel, so a worker on another host (`--tx ssh=...`) needs no
-shared file system: the controller alone writes the run's JSONL, each record sealed with
-the run's key (harness.runner.seal), and refuses a record for another target, for a case
-not in flight on that worker, or a second one.
+shared file system. The controller refuses a record for another target, for a case not in
+flight on that worker, or a second one; it hands the others, raw, to the run's judge (the
+runner, harness.runner.observations), and writes the records of the cases that ended without
+one; each line sealed with the run's key (harness.runner.seal).
 
 When a worker dies, xdist calls `pytest_handlecrashitem` on the controller, which records
 the crash against the case that worker had in flight. The rest of that chunk has no
@@ -30,10 +31,8 @@ flight (harness.runner.sessions).
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import queue
 import signal
 import socket
 import sys
@@ -46,7 +45,7 @@ from typing import Any, cast
 
 import pytest
 
-from harness.runner import liveness, memory, seal
+from harness.runner import liveness, memory, rundir, seal
 from harness.runner.textsafe import safe_text, safe_value
 
 # Imports of torch-heavy modules stay inside the functions: the xdist controller needs none.
@@ -74,7 +73,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--repro-seal-fd", type=int, default=-1, help="inherited pipe holding the run's seal key")
     group.addoption("--repro-max-rss", type=int, default=0, help="bytes of data a worker may hold; 0: no bound")
     group.addoption("--repro-inflight", help="where the controller notes each case as it starts (JSON lines)")
-    group.addoption("--repro-references", help="the run's reference file (harness.engine.reference), when it has one")
+    group.addoption("--repro-observations", help="where to append the workers' raw observations, for the run's judge")
 
 
 def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
@@ -84,15 +83,10 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
 
 
 def append_records(path: Path, records: list[dict[str, Any]], key: bytes | None) -> None:
-    """Append whole lines under a lock (the sessions of a run share one JSONL), each sealed
-    with the run's key (harness.runner.seal). A flushed write survives the death of this
-    process; an fsync per case (against a kernel crash) would cost more than the case."""
-    text = "".join(json.dumps(seal.sealed(record, key) if key else record) + "\n" for record in records)
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.write(text)
-        handle.flush()
-        fcntl.flock(handle, fcntl.LOCK_UN)
+    """Append records as whole lines (harness.runner.rundir), each sealed with the run's key
+    (harness.runner.seal)."""
+    rundir.append_locked(path, "".join(json.dumps(seal.sealed(record, key) if key else record) + "\n"
+                                       for record in records))
 
 
 def _write_records(config: pytest.Config, records: list[dict[str, Any]]) -> None:
@@ -120,10 +114,10 @@ def _refusal(record: Any, spec: str, in_flight: str | None) -> str | None:
 def _session_cases() -> set[str]:
     """The ids of the cases this session was given (its case files), read once."""
     if "session_cases" not in _state:
-        from cases.case import Case
+        from cases.case import id_of
 
         files = [Path(a) for a in _state["config"].args if a.endswith(".cases.json")]
-        _state["session_cases"] = {Case(**fields).case_id for f in files for fields in json.loads(f.read_text())["cases"]}
+        _state["session_cases"] = {id_of(fields) for f in files for fields in json.loads(f.read_text())["cases"]}
     return cast(set[str], _state["session_cases"])
 
 
@@ -292,7 +286,7 @@ class CaseChunk(pytest.Item):
             raise AssertionError(f"{len(errors)} harness errors, the first: {errors[0]}")
 
     def _run_one(self, case: Any) -> dict[str, Any]:
-        """The case's raw observation, for the controller to judge (harness.runner.records.judged);
+        """The case's raw observation, for the run's judge (harness.runner.observations);
         a case that ended it (a timeout, a BaseException, an allocation over the bound) is `lost`."""
         from cases.clients import needs_megatron
         from harness.runner.records import observe
@@ -434,7 +428,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _write_records(config, [{seal.REJECTED: problem, "target": spec}])
             return
         _state["recorded"].add(payload["case_id"])
-        _judge_later(config, payload["case_id"], payload.get("raw"))
+        _forward(config, payload["case_id"], payload.get("raw"))
     elif kind in ("description", "loaded"):
         with _lock:  # loaded: the case's own time starts now
             if key in inflight:
@@ -447,68 +441,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             handle.write(json.dumps(payload) + "\n")
 
 
-def _judge_later(config: pytest.Config, case_id: str, raw: Any) -> None:
-    """Hand a raw observation to the controller's judge thread. xdist's event loop, which runs this
-    hook, hands the workers their next chunks: judging in it would leave them waiting."""
-    if "judge_queue" not in _state:
-        _state["judge_queue"] = queue.Queue()
-        threading.Thread(target=_judge_loop, args=(config, _state["judge_queue"]), daemon=True,
-                         name="repro-judge").start()
-    _state["judge_queue"].put((case_id, raw))
+def _forward(config: pytest.Config, case_id: str, raw: Any) -> None:
+    """Hand a raw observation to the run's judge, the runner (harness.runner.observations): this
+    process never imports torch, and neither judges nor computes a reference."""
+    from harness.runner import observations
 
-
-def _judge_loop(config: pytest.Config, pending: queue.Queue[tuple[str, Any]]) -> None:
-    while True:
-        case_id, raw = pending.get()
-        try:
-            record = _judged(config, case_id, raw)
-        except Exception as exc:  # noqa: BLE001 — the judge's own failure: a result, never a lost one
-            from cases.case import Case
-            from harness.runner.records import lost_case_record
-
-            roles = json.loads(config.getoption("--repro-roles"))
-            record = lost_case_record(case_id, json.loads(config.getoption("--repro-target"))["spec"],
-                                      _role(roles, Case.from_id(case_id).regression), "the judge failed",
-                                      traceback.format_exc(), type(exc).__name__)
-        try:
-            _write_records(config, [record])
-        finally:
-            pending.task_done()
-
-
-def _judged_all() -> None:
-    """Wait until the judge thread has written every record handed to it."""
-    if "judge_queue" in _state:
-        _state["judge_queue"].join()
-
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_sessionfinish(session: pytest.Session) -> None:
-    if not hasattr(session.config, "workerinput"):
-        _judged_all()
-
-
-def _judged(config: pytest.Config, case_id: str, raw: Any) -> dict[str, Any]:
-    """The record of a worker's raw observation, judged here, in the controller: a process that
-    never imports the target (harness.runner.records.judged), against the run's references."""
-    from cases.case import Case
-    from harness.runner import references
-    from harness.runner.records import judged
-
-    if "judge" not in _state:  # once: the checks on one thread, as the workers' cases (idle OpenMP
-        import torch  # threads spinning on shared cores cost several times the check)
-
-        torch.set_num_threads(1)
-        _state["judge"] = (json.loads(config.getoption("--repro-target")), json.loads(config.getoption("--repro-roles")))
-    target, roles = _state["judge"]
-    case = Case.from_id(case_id)
-    if not isinstance(raw, dict):
-        raw = {"observed": {"outcome": "harness_error", "failed_checks": ["harness"], "details": {}, "error": None,
-                            "side_effects": [], "known_deviations": [], "duration_s": 0.0,
-                            "note": "the worker's observation is not one (not a mapping)"}}
-    reference = references.lookup(config.getoption("--repro-references"), _state.get("seal_key"), case_id)
-    return judged(case, target["spec"], _role(roles, case.regression), raw, reference, str(target.get("version") or ""),
-                  roles)
+    spec = json.loads(config.getoption("--repro-target"))["spec"]
+    rundir.append_locked(Path(config.getoption("--repro-observations")),
+                         observations.line(case_id, spec, raw, _state.get("seal_key")))
 
 
 def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:
@@ -544,7 +484,6 @@ def _record_load_timeout(config: pytest.Config, spec: str, roles: dict[str, str]
     from harness.errors import TargetLoadError
     from harness.runner.records import judge
 
-    _judged_all()  # what the workers observed before the load hung is recorded first
     seconds = config.getoption("--repro-load-timeout")
     error = TargetLoadError(f"{spec} did not load within {seconds:g} s (--load-timeout): its worker was ended "
                             "while importing torch, the target or Megatron (a loop or a hang at import)")

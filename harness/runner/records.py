@@ -86,8 +86,8 @@ def _harness_failure(exc: BaseException, note: str) -> dict[str, Any]:
 def judged(case: Case, spec: str, role: Role, raw: dict[str, Any], reference: dict[str, Any] | None,
            version: str, roles: dict[str, str] | None = None) -> dict[str, Any]:
     """The judge's part, outside the target's process: the raw observation a worker sent compared
-    with the reference (the reference process's for this case, else the side the worker ran beside
-    the target, else plain PyTorch's computed here), then judged. A raw observation that is not one
+    with the reference (the one given for this case, else the side the worker ran beside the
+    target, else plain PyTorch's computed here), then judged. A raw observation that is not one
     is a harness error of the case, never a pass."""
     from harness.engine import compare, wire
     from harness.engine.reference import independent, reference_side

@@ -17,6 +17,7 @@ and renamed: a reader sees the old file or the new one, never half of one.
 from __future__ import annotations
 
 import errno
+import fcntl
 import hashlib
 import json
 import os
@@ -185,6 +186,17 @@ def write_atomic(path: Path, text: str) -> None:
     except OSError as exc:
         tmp.unlink(missing_ok=True)
         raise _os_error(exc, path) from None
+
+
+def append_locked(path: Path, text: str) -> None:
+    """Append whole lines under a lock (the sessions of a run share its files). A flushed write
+    survives the death of this process; an fsync per case (against a kernel crash) would cost
+    more than the case."""
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        handle.write(text)
+        handle.flush()
+        fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _parsed_lines(path: Path, problems: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:

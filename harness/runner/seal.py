@@ -26,8 +26,13 @@ def new_key() -> bytes:
 
 
 def _mac(record: dict[str, Any], key: bytes) -> str:
-    body = json.dumps({k: v for k, v in record.items() if k != FIELD}, sort_keys=True, separators=(",", ":"))
-    return hmac.new(key, body.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
+    return text_mac(json.dumps({k: v for k, v in record.items() if k != FIELD}, sort_keys=True, separators=(",", ":")),
+                    key)
+
+
+def text_mac(text: str, key: bytes) -> str:
+    """The seal of a line's exact text (a line written and read back as text, never re-serialised)."""
+    return hmac.new(key, text.encode("utf-8", "surrogateescape"), hashlib.sha256).hexdigest()
 
 
 def sealed(record: dict[str, Any], key: bytes) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from cases.regression import Regression
 from harness import targets
 from harness.errors import UsageError
 from harness.model import BAD_VERDICTS, SCHEMA, Role, Run
-from harness.runner import completeness, lifetime, memory, rundir, seal
+from harness.runner import completeness, lifetime, memory, observations, rundir, seal
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 from harness.runner.rundir import session_name
@@ -113,7 +113,7 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
                    jsonl: Path, workers: int, case_timeout: float, attempt: int = 0,
                    tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
                    load_timeout: float = LOAD_TIMEOUT_S, max_rss: int = 0,
-                   key: bytes | None = None, references: Path | None = None) -> subprocess.Popen[bytes]:
+                   key: bytes | None = None) -> subprocess.Popen[bytes]:
     """One pytest session for one target; its cases spread over `workers` xdist workers,
     or over the workers of the given xdist `--tx` specs. `attempt` counts the follow-up
     sessions of this target (its cases without a record after a worker died); they run
@@ -127,6 +127,8 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
     (case_dir / "pytest.ini").write_text("[pytest]\naddopts =\n")
     # no:warnings: torch.utils.checkpoint warns on every no-grad-input case; capturing
     # thousands of those costs time and tells the record nothing.
+    # no:unraisableexception: at exit it runs gc.collect() five times over the controller's heap
+    # (torch's included), 1 s a session, and a case's unraisable exceptions are not its record.
     # Plugin autoloading is off (env below): only the plugins named here load, whatever the host has installed.
     # Per-case timeouts are the plugin's own (an item holds many cases), so pytest-timeout is not loaded.
     n_workers = sum(int(s.split("*", 1)[0]) if "*" in s else 1 for s in tx) if tx else max(1, workers)
@@ -135,14 +137,14 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
     command = [sys.executable, "-m", "harness.runner.reaper", *(["--pass-fd", str(key_fd)] if key else []), "--",
                sys.executable, "-m", "pytest", "-c", str(case_dir / "pytest.ini"), "--rootdir", str(case_dir),
                "-p", "xdist.plugin", "-p", "harness.runner.plugin", "-p", "harness.runner.lifetime",
-               "-p", "no:cacheprovider", "-p", "no:warnings", "-q", "--no-header", "-rN",
+               "-p", "no:cacheprovider", "-p", "no:warnings", "-p", "no:unraisableexception", "-q", "--no-header", "-rN",
                f"--repro-case-timeout={case_timeout}", f"--repro-chunk={1 if attempt else chunk_size(len(cases), n_workers)}",
                f"--repro-target={prepared.to_json()}", f"--repro-jsonl={jsonl}",
                f"--repro-description={case_dir / f'{safe}.description'}", f"--repro-roles={json.dumps(roles)}",
                f"--repro-startup={case_dir / f'{safe}.startup.jsonl'}", f"--repro-load-timeout={load_timeout}",
                f"--repro-max-rss={max_rss}", f"--repro-seal-fd={key_fd}",
                f"--repro-inflight={case_dir / f'{safe}.inflight.jsonl'}",
-               *([f"--repro-references={references}"] if references else []), str(case_file)]
+               f"--repro-observations={observations_path(out_dir)}", str(case_file)]
     # Always through xdist, even with one worker: a case that kills its worker is then
     # recorded and the session goes on with a fresh worker.
     # A crash costs one worker, so a target that crashes on every case still gets a fresh
@@ -181,25 +183,9 @@ def _spawn(command: list[str], log_path: Path, key_fd: int, append: bool = False
                 os.close(key_fd)
 
 
-def _start_references(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]], out_dir: Path,
-                      key: bytes | None) -> tuple[Path, subprocess.Popen[bytes]] | None:
-    """The reference process (harness.engine.reference) for every case of the run whose reference
-    needs no target, once per case whatever the number of targets; None when no case has one, or
-    when one target runs them: its controller computes each once anyway, without the process's
-    start-up (importing torch, about 2 s)."""
-    from harness.engine.reference import independent
-
-    cases = [c.as_dict() for c in dict.fromkeys(c for _, cases, _ in plan for c in cases) if independent(c)]
-    if not cases or sum(1 for _, cases, _ in plan if cases) < 2:
-        return None
-    case_dir = out_dir / "sessions"
-    case_dir.mkdir(exist_ok=True)
-    (case_dir / "references.cases.json").write_text(json.dumps(cases))
-    path = case_dir / "references.bin"
-    key_fd = seal.key_pipe(key) if key else -1
-    command = [sys.executable, "-m", "harness.engine.reference", str(case_dir / "references.cases.json"), str(path),
-               "--seal-fd", str(key_fd)]
-    return path, _spawn(command, case_dir / "references.log", key_fd)
+def observations_path(out_dir: Path) -> Path:
+    """Where every session's controller hands its workers' raw observations to the run's judge."""
+    return out_dir / "sessions" / "observations.jsonl"
 
 
 def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -261,23 +247,22 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
     reader.poll()
     baseline = dict(reader.done)
     totals = {t.spec: len(cases) for t, cases, _ in plan}
-    started = _start_references(plan, out_dir, key)
-    references, reference_process = started if started else (None, None)
+    (out_dir / "sessions").mkdir(exist_ok=True)
+    judge = observations.Judge(observations_path(out_dir), jsonl, key, {t.spec: r for t, _, r in plan},
+                               {t.spec: t.version or "" for t, _, _ in plan})
     try:
         while pending or running:
             while pending and len(running) < concurrent:
                 job = pending.pop(0)
                 target, cases, roles, attempt = job
                 process = _start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout, attempt,
-                                         tx, rsyncdirs, load_timeout, max_rss, key, references)
+                                         tx, rsyncdirs, load_timeout, max_rss, key)
                 running[process.pid] = (process, job)
-            time.sleep(0.2)
-            if reference_process and references and reference_process.poll() not in (None, 0):
-                # The controllers stop waiting for the file and compute each reference themselves.
-                references_failed(references, reference_process.returncode, problems)
-                reference_process = None
+            if not judge.poll():
+                time.sleep(0.2)
             ended = [pid for pid, (process, _) in running.items() if process.poll() is not None]
-            reader.poll()  # after the exits: an ended session's records are all on disk
+            judge.poll()  # after the exits: an ended session's observations are all on disk, and judged
+            reader.poll()
             for pid in ended:
                 process, (target, cases, roles, attempt) = running.pop(pid)
                 exits[target.spec] = process.returncode
@@ -301,18 +286,12 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                 progress(line)
                 last = line
     finally:
-        # Interrupted (Ctrl-C, SIGTERM): stop the sessions; what they wrote stays in the JSONL.
-        _stop([process for process, _ in running.values()] + ([reference_process] if reference_process else []))
+        # Interrupted (Ctrl-C, SIGTERM): stop the sessions; what they observed is judged, and stays in the JSONL.
+        _stop([process for process, _ in running.values()])
+        judge.poll()
+        if problems is not None:
+            problems += judge.problems()
     return exits
-
-
-def references_failed(path: Path, code: int | None, problems: list[str] | None) -> None:
-    from harness.runner.references import failed_marker
-
-    failed_marker(path).touch()
-    if problems is not None:  # not a result lost (each controller computes its own), but worth a look
-        problems.append(f"the reference process exited with status {code} (see sessions/references.log); "
-                        "each session's controller computed its references itself")
 
 
 def target_problem(prepared: targets.PreparedTarget) -> str:

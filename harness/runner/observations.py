@@ -1,0 +1,123 @@
+"""The run's judge, and the file that feeds it: each session's controller appends the raw
+observations its workers send to `sessions/observations.jsonl`, sealed with the run's key; the
+runner (the `repro` process, which never imports a target) reads them as they come, judges each
+against its reference (harness.runner.records.judged) and appends the record to results.jsonl.
+
+One judge for the run: torch is imported once, in a process that has it already, instead of
+in every session's controller; and a te.ops pipeline's plain-PyTorch reference is computed once
+per case for every target. A line whose seal does not hold (something other than a controller
+wrote it: a target can write anywhere its user can) is never judged, and the run says so.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hmac
+import json
+import traceback
+from pathlib import Path
+from typing import Any
+
+from harness.runner import seal
+
+BYTES = "$bytes"  # a tensor's bytes, as text in a JSON line
+
+
+def _bytes_as_text(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return {BYTES: base64.b64encode(value).decode()}
+    raise TypeError(f"{type(value).__name__} is not sent raw")  # safe_value left nothing else
+
+
+def _text_as_bytes(value: dict[str, Any]) -> Any:
+    if len(value) == 1 and isinstance(value.get(BYTES), str):
+        with contextlib.suppress(ValueError):  # not base64: left as it is, for wire.unpack to refuse
+            return base64.b64decode(value[BYTES], validate=True)
+    return value
+
+
+def line(case_id: str, target: str, raw: Any, key: bytes | None) -> str:
+    """The controller's line for one raw observation a worker sent: the seal of the JSON text,
+    then the text (sealed as written: neither side serialises it twice)."""
+    text = json.dumps({"case_id": case_id, "target": target, "raw": raw}, separators=(",", ":"), default=_bytes_as_text)
+    return f"{seal.text_mac(text, key) if key else '-'} {text}\n"
+
+
+class Judge:
+    """Reads the observations file from where it left off and judges each sealed line once."""
+
+    def __init__(self, path: Path, results: Path, key: bytes | None, roles: dict[str, dict[str, str]],
+                 versions: dict[str, str]) -> None:
+        import torch
+
+        torch.set_num_threads(1)  # tiny tensors: judging beside the workers, never against them
+        self.path, self.results, self.key = path, results, key
+        self.roles, self.versions = roles, versions
+        self.offset, self.unsealed = 0, 0
+        self.references: dict[str, dict[str, Any]] = {}  # by case id: the same for every target
+
+    def poll(self) -> int:
+        """Judge every complete line added since the last poll; returns how many."""
+        from harness.runner.plugin import append_records
+
+        if not self.path.is_file():
+            return 0
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            chunk = handle.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        records = [record for text in complete.splitlines() if (record := self._judged(text)) is not None]
+        if records:
+            append_records(self.results, records, self.key)
+        return len(records)
+
+    def _judged(self, text: bytes) -> dict[str, Any] | None:
+        mac, _, body = text.decode("utf-8", "surrogateescape").partition(" ")
+        entry = None
+        if self.key is None or hmac.compare_digest(mac, seal.text_mac(body, self.key)):
+            try:
+                entry = json.loads(body, object_hook=_text_as_bytes)
+            except (ValueError, RecursionError):
+                pass
+        if (not isinstance(entry, dict) or entry.get("target") not in self.roles
+                or not isinstance(entry.get("case_id"), str)):
+            self.unsealed += 1
+            return None
+        return self.judge(entry["case_id"], entry["target"], entry.get("raw"))
+
+    def judge(self, case_id: str, spec: str, raw: Any) -> dict[str, Any]:
+        """One case's record; a raw observation that is not one, or a judge that fails on it, is a
+        harness error or a lost case of that case, never a pass and never a result lost."""
+        from cases.case import Case
+        from harness.model import Role
+        from harness.runner.records import judged, lost_case_record
+
+        roles = self.roles[spec]
+        try:
+            case = Case.from_id(case_id)
+            role = Role(roles.get(case.regression, Role.UNKNOWN.value))
+            if not isinstance(raw, dict):
+                raw = {"observed": {"outcome": "harness_error", "failed_checks": ["harness"], "details": {},
+                                    "error": None, "side_effects": [], "known_deviations": [], "duration_s": 0.0,
+                                    "note": "the worker's observation is not one (not a mapping)"}}
+            return judged(case, spec, role, raw, self._reference(case), self.versions[spec], roles)
+        except Exception as exc:  # noqa: BLE001 — the judge's own failure: a result, never a lost one
+            return lost_case_record(case_id, spec, Role(roles.get(case_id.partition(":")[0], Role.UNKNOWN.value)),
+                                    "the judge failed", traceback.format_exc(), type(exc).__name__)
+
+    def _reference(self, case: Any) -> dict[str, Any] | None:
+        from harness.engine.reference import independent, reference_side
+
+        if not independent(case):
+            return None
+        if case.case_id not in self.references:
+            self.references[case.case_id] = reference_side(case)
+        return self.references[case.case_id]
+
+    def problems(self) -> list[str]:
+        if not self.unsealed:
+            return []
+        return [(f"{self.path.name}: {self.unsealed} lines no session of this run wrote (their seal does not hold, "
+                 "or they name no target of the run): not judged")]
