@@ -107,7 +107,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p.add_argument("--shapes", help=f"comma-separated shapes (default all: {', '.join(bench.SHAPES)}; "
                    + "; ".join(f"{n}: {s.description}" for n, s in bench.SHAPES.items()) + ")")
     p.add_argument("--rounds", type=validate.positive_int, default=5, help="rounds of A B C timing (at least 2; default 5)")
-    p.add_argument("--min-run-time", type=validate.positive_float, default=0.05, help="seconds per measurement (default 0.05)")
+    p.add_argument("--min-run-time", type=validate.positive_float, default=0.03, help="seconds per measurement (default 0.03)")
     p.add_argument("--fail-on-slowdown", type=float, metavar="PCT",
                    help=f"exit 1 if a '{bench_stats.BACKPORT_VS_UNPATCHED}' median exceeds 1+PCT/100 (not for CI)")
     p.add_argument("--out", help="bench dir (default runs/bench-<matrix>)")

@@ -810,10 +810,10 @@ def test_a_target_that_allocates_past_the_bound_is_recorded_as_over_it(fork: Pat
 def test_a_target_that_loops_at_import_is_a_load_failure(fork: Path, tmp_path: Path) -> None:
     _fork_with(fork, "while True:\n    pass")
     out = tmp_path / "run"
-    result = cli("run", *SMOKE, "--targets", f"path:{fork}", "--load-timeout", "20", "--out", str(out))
+    result = cli("run", *SMOKE, "--targets", f"path:{fork}", "--load-timeout", "10", "--out", str(out))
     run = json.loads((out / "run.json").read_text())
     assert run["complete"] and result.returncode == 1, result.stderr
-    assert all(r["verdict"] == "harness_error" and "did not load within 20 s" in r["note"] for r in run["results"])
+    assert all(r["verdict"] == "harness_error" and "did not load within 10 s" in r["note"] for r in run["results"])
     for command in (["targets", f"path:{fork}"], ["minimal", "--target", f"path:{fork}"]):
         probed = cli(*command, "--load-timeout", "5")
         assert "probe timed out after 5 s" in probed.stdout and "Traceback" not in probed.stderr, probed

@@ -257,13 +257,12 @@ def _static_reason(combo: dict[str, str], device_reasons: dict[str, str | None])
 def _check(workers: list[Worker], ready: dict[str, dict[str, Any]], combo: dict[str, str]) -> list[str]:
     """The targets' reasons the combination cannot be benched; none: each worker keeps its checked
     steps, warmed up and calibrated, for the timing that follows (harness.bench.worker)."""
-    reasons = []
-    for worker in workers:
-        if ready[worker.spec]["load_error"]:
-            reasons.append(f"{worker.spec}: did not load: {ready[worker.spec]['load_error']}")
-        elif reason := worker.ask({"cmd": "check", "combos": [combo]}, CHECK_TIMEOUT_S)["reasons"][0]:
-            reasons.append(f"{worker.spec}: {reason}")
-    return reasons
+    loaded = [w for w in workers if not ready[w.spec]["load_error"]]
+    for worker in loaded:  # checked side by side: a check is not timed, and each target has its own process
+        worker.send({"cmd": "check", "combos": [combo]})
+    found = {w.spec: w.receive(CHECK_TIMEOUT_S)["reasons"][0] for w in loaded}
+    return [f"{w.spec}: did not load: {ready[w.spec]['load_error']}" if w not in loaded
+            else f"{w.spec}: {found[w.spec]}" for w in workers if w not in loaded or found[w.spec]]
 
 
 def _time_combo(workers: list[Worker], combo: dict[str, str], rounds: int, min_run_time: float,
@@ -322,6 +321,7 @@ def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list
     logs = out_dir / "bench-logs"
     logs.mkdir(exist_ok=True)
     workers = [Worker(p, logs / f"{session_name(p.spec)}.log", megatron_device, progress) for p in prepared]
+    phases = {"checking": 0.0, "timing": 0.0}
     try:
         ready = {w.spec: w.receive(START_TIMEOUT_S) for w in workers}
         startup = {w.spec: ready[w.spec]["startup_s"] for w in workers}
@@ -331,14 +331,20 @@ def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list
         timed: list[dict[str, Any]] = []
         problems: list[str] = []
         for index, combo in enumerate(candidates):
-            if reasons := _check(workers, ready, combo):
+            began = time.perf_counter()
+            reasons = _check(workers, ready, combo)
+            phases["checking"] += time.perf_counter() - began
+            if reasons:
                 excluded.append({**combo, "reason": "; ".join(reasons)})
             else:
                 benched.append(combo)
+                began = time.perf_counter()
                 timed.append(_time_combo(workers, combo, rounds, min_run_time, problems))
+                phases["timing"] += time.perf_counter() - began
             if (index + 1) % max(1, len(candidates) // 10) == 0 or index + 1 == len(candidates):
                 progress(f"  {index + 1}/{len(candidates)} combinations: {len(benched)} timed, "
-                         f"{len(excluded)} excluded with a reason")
+                         f"{len(excluded)} excluded with a reason ({phases['checking']:.0f} s checking, "
+                         f"{phases['timing']:.0f} s timing)")
     finally:
         for worker in workers:
             worker.close()
@@ -356,6 +362,7 @@ def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list
         "targets": [{"spec": p.spec, "version": p.version, "fuser_sha": p.fuser_sha, "patch_status": p.patch_status,
                      "startup_s": startup.get(p.spec), "description": ready[p.spec].get("description", "")}
                     for p in prepared],
+        "phases_s": {name: round(seconds, 1) for name, seconds in phases.items()},
         "comparisons": {label: list(pair) if pair else None for label, pair in pairs.items()},
         "modes": {m: asdict(MODES[m]) for m in modes},
         "shapes": {name: asdict(SHAPES[name]) for name in shapes},

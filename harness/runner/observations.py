@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from harness.runner import seal
+from harness.runner import rundir, seal
 
 BYTES = "$bytes"  # a tensor's bytes, as text in a JSON line
 
@@ -59,7 +59,6 @@ class Judge:
 
     def poll(self) -> int:
         """Judge every complete line added since the last poll; returns how many."""
-        from harness.runner.plugin import append_records
 
         if not self.path.is_file():
             return 0
@@ -70,7 +69,7 @@ class Judge:
         self.offset += len(complete)
         records = [record for text in complete.splitlines() if (record := self._judged(text)) is not None]
         if records:
-            append_records(self.results, records, self.key)
+            rundir.append_records(self.results, records, self.key)
         return len(records)
 
     def _judged(self, text: bytes) -> dict[str, Any] | None:

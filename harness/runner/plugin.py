@@ -82,16 +82,9 @@ def pytest_addhooks(pluginmanager: pytest.PytestPluginManager) -> None:
     pluginmanager.add_hookspecs(hookspecs)
 
 
-def append_records(path: Path, records: list[dict[str, Any]], key: bytes | None) -> None:
-    """Append records as whole lines (harness.runner.rundir), each sealed with the run's key
-    (harness.runner.seal)."""
-    rundir.append_locked(path, "".join(json.dumps(seal.sealed(record, key) if key else record) + "\n"
-                                       for record in records))
-
-
 def _write_records(config: pytest.Config, records: list[dict[str, Any]]) -> None:
     """The controller's write of records: the only place a session adds to the run's JSONL."""
-    append_records(Path(config.getoption("--repro-jsonl")), records, _state.get("seal_key"))
+    rundir.append_records(Path(config.getoption("--repro-jsonl")), records, _state.get("seal_key"))
 
 
 def _refusal(record: Any, spec: str, in_flight: str | None) -> str | None:

@@ -199,6 +199,11 @@ def append_locked(path: Path, text: str) -> None:
         fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def append_records(path: Path, records: list[dict[str, Any]], key: bytes | None) -> None:
+    """Append records as whole lines, each sealed with the run's key (harness.runner.seal)."""
+    append_locked(path, "".join(json.dumps(seal.sealed(record, key) if key else record) + "\n" for record in records))
+
+
 def _parsed_lines(path: Path, problems: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each line of a results.jsonl that parses as a JSON object; a
     line that is not UTF-8, not JSON or not an object is named in `problems` and skipped."""

@@ -208,7 +208,6 @@ def _record_lost_in_flight(target: targets.PreparedTarget, roles: dict[str, str]
     died with them in flight) get a crash record each, never a silent re-run; returns a
     problem line per case, for the run."""
     from harness.model import Role
-    from harness.runner.plugin import append_records
     from harness.runner.records import lost_case_record
 
     path = out_dir / "sessions" / f"{session_name(target.spec)}.inflight.jsonl"
@@ -220,7 +219,7 @@ def _record_lost_in_flight(target: targets.PreparedTarget, roles: dict[str, str]
     records = [lost_case_record(case_id, target.spec, Role(roles.get(Case.from_id(case_id).regression, "unknown")), why,
                                 f"the pytest session of {target.spec} exited with status {code} while this case ran")
                for case_id in lost]
-    append_records(jsonl, records, key)
+    rundir.append_records(jsonl, records, key)
     return [f"{target.spec}: {why} (exit status {code}) with {case_id} in flight; recorded as a crash"
             for case_id in lost]
 
