@@ -209,6 +209,10 @@ def main() -> int:
           f"{figures['floor_wall_s']:.1f} s; with each process's start-up {figures['floor_with_startup_wall_s']:.1f} s")
     print(f"wall / floor: {figures['wall_over_floor']:.2f}; wall / (floor + start-up): "
           f"{figures['wall_over_floor_with_startup']:.2f}")
+    # What the harness adds to each case, on average, beyond its compute and the processes' start-up.
+    figures["overhead_ms_per_case"] = 1e3 * parallel * (run["wall_s"] - figures["floor_with_startup_wall_s"]) / max(1, ran)
+    print(f"the harness's overhead: {figures['overhead_ms_per_case']:.2f} ms a case of {parallel} workers' time "
+          "((wall - (floor + start-up)) x workers / cases)")
     # The floor runs after the run, maybe under another load: the run's own per-case times
     # show how much of the gap is the machine rather than the harness.
     in_run = run["sum_case_duration_s"] / parallel
