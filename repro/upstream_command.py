@@ -1,9 +1,9 @@
 """`repro upstream-tests`: a TE checkout's own fuser tests, run against targets on the CPU.
 
 Upstream's `tests/pytorch/test_fusible_ops.py` lives in TE's git repository, not in the
-wheel. Its tests default to `device="cuda"`; those that upstream's own CI runs on the CPU are
-`TestSequentialContainer` and the `device="cpu"` parametrizations, which the default `-k`
-selects. FP8 cases skip through upstream's own `maybe_skip_quantization`, since the CPU
+wheel. Its tests default to `device="cuda"`; those that run on the CPU (a `cpu` device
+parametrization, as a string or a `torch.device`, or no device argument at all) are kept by
+a pytest plugin of ours (harness.runner.upstream_selection), the others deselected. FP8 cases skip through upstream's own `maybe_skip_quantization`, since the CPU
 backend is a device without FP8. Each target runs in its own `repro exec` process; the counts
 come from pytest's junit XML, written to a temporary directory (never into the checkout).
 """
@@ -27,7 +27,6 @@ from harness.errors import UsageError
 from harness.targets import revisions, sources
 
 FUSER_TESTS = "tests/pytorch/test_fusible_ops.py"
-CPU_TESTS = "TestSequentialContainer or cpu"
 EXAMPLE = "example: repro upstream-tests --target path:../TransformerEngine  (or --tests DIR --target te-2.13.0)"
 
 
@@ -65,7 +64,7 @@ def _counts(junit: Path) -> dict[str, int]:
     return {"passed": total - failed - skipped, "failed": failed, "skipped": skipped}
 
 
-def run_upstream_tests(spec: str, tests: Path, keyword: str, extra: list[str], args: argparse.Namespace
+def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[str], args: argparse.Namespace
                        ) -> tuple[dict[str, int], int]:
     """One target's run: its counts, and pytest's exit status."""
     from harness.targets.site import exec_environment
@@ -75,7 +74,8 @@ def run_upstream_tests(spec: str, tests: Path, keyword: str, extra: list[str], a
         raise UsageError(f"target {prepared.spec}: patch {prepared.patch} does not apply; pick another target")
     with tempfile.TemporaryDirectory(prefix="repro-upstream-") as tmp:
         junit = Path(tmp) / "junit.xml"
-        command = [sys.executable, "-m", "pytest", str(tests), "-k", keyword, "-p", "no:cacheprovider", "-q",
+        command = [sys.executable, "-m", "pytest", str(tests), *(["-k", keyword] if keyword else []),
+                   "-p", "harness.runner.upstream_selection", "-p", "no:cacheprovider", "-q",
                    f"--junitxml={junit}", "-o", "junit_family=xunit2", *extra]
         # From the temporary directory: plugins that write beside the working directory
         # (pytest-benchmark's .benchmarks) write there, never into the checkout.
@@ -100,7 +100,7 @@ def _run_all(args: argparse.Namespace, tests: Path) -> int:
             continue
         rows.append([spec, counts["passed"], counts["failed"], counts["skipped"], "ok" if status == 0 else "FAILED"])
         worst = max(worst, 0 if status == 0 else 1)
-    print(f"upstream tests: {tests} -k {args.keyword!r}")
+    print(f"upstream tests: {tests}, those that run on the CPU" + (f", -k {args.keyword!r}" if args.keyword else ""))
     print(tabulate(rows, headers=["target", "passed", "failed", "skipped", "status"], tablefmt="simple"))
     return worst
 
@@ -109,13 +109,13 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
     p = sub.add_parser(
         "upstream-tests", parents=[common], help="run a TE checkout's own fuser tests against targets on the CPU",
         description=("Runs the checkout's tests/pytorch/test_fusible_ops.py under `repro exec` for each target and "
-                     "reports passed/failed/skipped per target. The default -k selects the tests upstream runs on "
-                     "the CPU; FP8 cases skip by upstream's own logic (a device without FP8). Exit 1 when a target "
+                     "reports passed/failed/skipped per target, of the tests that run on the CPU (a cpu device "
+                     "parametrization, or no device argument); FP8 cases skip by upstream's own logic (a device without FP8). Exit 1 when a target "
                      "has a failure or no results."),
         epilog=EXAMPLE)
     p.add_argument("--target", action="append", required=True, metavar="SPEC",
                    help=f"a TE to run the tests against, repeatable ({targets.SPEC_FORMS})")
     p.add_argument("--tests", metavar="DIR", help="the TE checkout holding the tests (default: the path: target)")
-    p.add_argument("-k", dest="keyword", default=CPU_TESTS, help=f"pytest -k expression (default: {CPU_TESTS!r})")
+    p.add_argument("-k", dest="keyword", help="pytest -k expression, within the tests that run on the CPU")
     p.add_argument("pytest_args", nargs=argparse.REMAINDER, metavar="-- PYTEST_ARGS", help="more pytest arguments")
     p.set_defaults(func=cmd_upstream_tests)
