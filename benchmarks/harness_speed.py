@@ -170,7 +170,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.floor_worker:
-        floor_worker(*args.floor_worker, args.threads)
+        spec, case_file = args.floor_worker
+        floor_worker(spec, case_file, args.threads)
         return 0
     if args.reference_floor:
         reference_floor(args.reference_floor)

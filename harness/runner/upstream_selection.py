@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import inspect
 import traceback
-from collections.abc import Iterator
+from collections.abc import Generator
 from typing import Any
 
 import pytest
@@ -44,7 +44,8 @@ def _device_type(value: Any) -> str:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    kept, elsewhere = [], []
+    kept: list[pytest.Item] = []
+    elsewhere: list[pytest.Item] = []
     for item in items:
         (elsewhere if device_of(item) not in (None, "cpu") else kept).append(item)
     if elsewhere:
@@ -56,7 +57,8 @@ NO_CUDA = "Torch not compiled with CUDA enabled"
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     error = call.excinfo.value if call.excinfo is not None else None
     if report.failed and device_of(item) is None and error is not None and NO_CUDA in str(error):
