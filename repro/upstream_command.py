@@ -98,8 +98,10 @@ def _run_all(args: argparse.Namespace, tests: Path) -> int:
             rows.append([spec, "-", "-", "-", f"no results (pytest exit {status})"])
             worst = max(worst, 1)
             continue
-        rows.append([spec, counts["passed"], counts["failed"], counts["skipped"], "ok" if status == 0 else "FAILED"])
-        worst = max(worst, 0 if status == 0 else 1)
+        # Nothing judged is never a pass: every test skipped (needs CUDA, FP8) says so, and fails.
+        verdict = "FAILED" if status else "nothing passed" if not counts["passed"] else "ok"
+        rows.append([spec, counts["passed"], counts["failed"], counts["skipped"], verdict])
+        worst = max(worst, 0 if verdict == "ok" else 1)
     print(f"upstream tests: {tests}, those that run on the CPU" + (f", -k {args.keyword!r}" if args.keyword else ""))
     print(tabulate(rows, headers=["target", "passed", "failed", "skipped", "status"], tablefmt="simple"))
     return worst
@@ -111,7 +113,7 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         description=("Runs the checkout's tests/pytorch/test_fusible_ops.py under `repro exec` for each target and "
                      "reports passed/failed/skipped per target, of the tests that run on the CPU (a cpu device "
                      "parametrization, or no device argument); FP8 cases skip by upstream's own logic (a device without FP8). Exit 1 when a target "
-                     "has a failure or no results."),
+                     "has a failure, no results, or none passed."),
         epilog=EXAMPLE)
     p.add_argument("--target", action="append", required=True, metavar="SPEC",
                    help=f"a TE to run the tests against, repeatable ({targets.SPEC_FORMS})")

@@ -972,6 +972,7 @@ def test_observations_a_tree_writes_are_not_judged(fork: Path, tmp_path: Path) -
     forged = sum(1 for line in (out / "sessions" / "observations.jsonl").read_text().splitlines()
                  if line.startswith("- "))
     assert forged and any(f"{forged} lines no session of this run wrote" in p for p in run["problems"])
+    assert len(run["rejected"]) == forged  # as a results line no session wrote: it fails the run
     results = run["results"]
     ran = [r for r in results if r["outcome"] != "not_applicable" and r["target"] != "te-2.20.2"]
     completed = [r for r in ran if r["outcome"] != "crash"]

@@ -19,6 +19,9 @@ from harness.runner.textsafe import safe_value
 CASE = Case("issue22", client="ops", pipeline="fused_residual_rmsnorm", grad_mode="enabled", input="non_leaf",
             params="trainable", recompute="none", sequence="single", grad_form="dense", dtype="bfloat16",
             device="cpu")
+OTHER = Case("issue22", client="ops", pipeline="fused_residual_rmsnorm", grad_mode="enabled", input="non_leaf",
+             params="trainable", recompute="none", sequence="single", grad_form="dense", dtype="float32",
+             device="cpu")
 
 
 def _judged(raw: dict, ref: dict | None = None) -> dict:
@@ -99,6 +102,7 @@ def test_an_observation_with_parts_left_out_fails(what: str) -> None:
      "claims outcome 'pass' without the sides"),
     ({"test": {wire.TENSOR: ["float32", [1], b""]}, "error": None}, "the worker's observation could not be judged"),
     ({"test": {"outputs": []}, "error": None}, "the worker's observation could not be judged"),
+    (["not", "a", "mapping"], "could not be judged: it is not a mapping"),
 ])
 def test_a_raw_observation_that_is_not_one_is_a_harness_error(raw: dict, note: str) -> None:
     record = _judged(raw)
@@ -118,9 +122,9 @@ def _judge(tmp_path: Path, key: bytes | None) -> observations.Judge:
                               {"te-2.13.0": {"issue22": Role.UNPATCHED.value}}, {"te-2.13.0": "2.13.0"})
 
 
-def _raw(scale: float) -> dict:
-    """A worker's raw observation of CASE as it crosses xdist's channel: made safe, bytes kept."""
-    side = wire.unpack(reference.reference_side(CASE))
+def _raw(scale: float, case: Case = CASE) -> dict:
+    """A worker's raw observation of a case as it crosses xdist's channel: made safe, bytes kept."""
+    side = wire.unpack(reference.reference_side(case))
     side["outputs"] = [tuple(o * scale for o in call) for call in side["outputs"]]
     return safe_value({"test": wire.pack(side), "error": None}, keep_bytes=True)
 
@@ -133,16 +137,27 @@ def test_the_run_judges_each_sealed_observation_once_and_no_other(tmp_path: Path
         out.write(observations.line(CASE.case_id, "te-2.13.0", _raw(1.0), b"x" * 32))  # another key: a forgery
         out.write(observations.line(CASE.case_id, "te-2.13.0", _raw(1.0), None))  # unsealed
         out.write(observations.line(CASE.case_id, "te-2.20.2", _raw(1.0), key)[:-40] + "\n")  # cut short
-        out.write(observations.line(CASE.case_id, "te-2.13.0", _raw(1.5), key)[:30])  # not yet a whole line
+        out.write(observations.line(OTHER.case_id, "te-2.13.0", _raw(1.5, OTHER), key)[:30])  # not yet a whole line
     assert judge.poll() == 1 and judge.poll() == 0
     records = [json.loads(line) for line in judge.results.read_text().splitlines()]
     assert [r["outcome"] for r in records] == ["pass"] and seal.holds(records[0], key)
     assert "3 lines no session of this run wrote" in judge.problems()[0]
     with open(judge.path, "a") as out:  # the rest of the last line arrives: judged, and wrong
-        out.write(observations.line(CASE.case_id, "te-2.13.0", _raw(1.5), key)[30:])
+        out.write(observations.line(OTHER.case_id, "te-2.13.0", _raw(1.5, OTHER), key)[30:])
     assert judge.poll() == 1
     last = json.loads(judge.results.read_text().splitlines()[-1])
     assert last["outcome"] == "wrong_output" and "outputs" in last["failed_checks"]
+    assert len(judge.rejected) == 3 and "line 2:" in judge.rejected[0]
+
+
+def test_a_copied_observation_is_not_judged_twice(tmp_path: Path) -> None:
+    key = b"k" * 32
+    judge = _judge(tmp_path, key)
+    genuine = observations.line(CASE.case_id, "te-2.13.0", _raw(1.0), key)
+    judge.path.write_text(genuine + genuine)  # a target that can read the file can copy a sealed line
+    assert judge.poll() == 1 and len(judge.results.read_text().splitlines()) == 1
+    assert judge.rejected == [(f"observations.jsonl line 2: a second observation of {CASE.case_id} on te-2.13.0 "
+                              "(a copied line): not judged")]
 
 
 def test_the_runs_judge_never_imports_a_target(tmp_path: Path) -> None:

@@ -68,6 +68,16 @@ def test_counts_per_target(tmp_path: Path) -> None:
     assert sorted(p.name for p in (checkout / "tests" / "pytorch").iterdir()) == ["test_fusible_ops.py"]
 
 
+def test_a_target_on_which_nothing_passed_is_not_ok(tmp_path: Path) -> None:
+    checkout = _checkout(tmp_path)
+    (checkout / "tests" / "pytorch" / "test_fusible_ops.py").write_text(
+        "import torch\n\ndef _helper(device='cuda'):\n    return torch.ones(1, device=device)\n\n"
+        "def test_helper_goes_to_cuda():\n    _helper()\n")
+    result = repro("upstream-tests", "--tests", str(checkout), "--target", "te-2.16.0", check_rc=1)
+    row = next(line.split(maxsplit=4)[1:] for line in result.stdout.splitlines() if line.startswith("te-"))
+    assert row == ["0", "0", "1", "nothing passed"], result.stdout
+
+
 def test_without_a_tests_file_is_one_line_exit_2(tmp_path: Path) -> None:
     result = repro("upstream-tests", "--tests", str(tmp_path), "--target", "te-2.13.0", check_rc=2)
     assert len(result.stderr.strip().splitlines()) == 1 and "tests/pytorch/test_fusible_ops.py" in result.stderr

@@ -261,8 +261,13 @@ def _check(workers: list[Worker], ready: dict[str, dict[str, Any]], combo: dict[
     for worker in loaded:  # checked side by side: a check is not timed, and each target has its own process
         worker.send({"cmd": "check", "combos": [combo]})
     found = {w.spec: w.receive(CHECK_TIMEOUT_S)["reasons"][0] for w in loaded}
-    return [f"{w.spec}: did not load: {ready[w.spec]['load_error']}" if w not in loaded
-            else f"{w.spec}: {found[w.spec]}" for w in workers if w not in loaded or found[w.spec]]
+    reasons = []
+    for worker in workers:
+        if ready[worker.spec]["load_error"]:
+            reasons.append(f"{worker.spec}: did not load: {ready[worker.spec]['load_error']}")
+        elif found[worker.spec]:
+            reasons.append(f"{worker.spec}: {found[worker.spec]}")
+    return reasons
 
 
 def _time_combo(workers: list[Worker], combo: dict[str, str], rounds: int, min_run_time: float,

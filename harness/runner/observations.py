@@ -6,7 +6,9 @@ against its reference (harness.runner.records.judged) and appends the record to 
 One judge for the run: torch is imported once, in a process that has it already, instead of
 in every session's controller; and a te.ops pipeline's plain-PyTorch reference is computed once
 per case for every target. A line whose seal does not hold (something other than a controller
-wrote it: a target can write anywhere its user can) is never judged, and the run says so.
+wrote it: a target can write anywhere its user can), or a second observation of a case (a line
+copied), is never judged: the run lists it among its rejected records, which fail it, as a
+results line that no process of the run wrote does.
 """
 
 from __future__ import annotations
@@ -54,25 +56,28 @@ class Judge:
         torch.set_num_threads(1)  # tiny tensors: judging beside the workers, never against them
         self.path, self.results, self.key = path, results, key
         self.roles, self.versions = roles, versions
-        self.offset, self.unsealed = 0, 0
+        self.offset, self.lines = 0, 0
+        self.rejected: list[str] = []
+        self.judged: set[tuple[str, str]] = set()  # (target, case id)
         self.references: dict[str, dict[str, Any]] = {}  # by case id: the same for every target
 
     def poll(self) -> int:
-        """Judge every complete line added since the last poll; returns how many."""
-
+        """Judge every complete line added since the last poll; returns how many. The place read up
+        to moves on once their records are written: a poll interrupted (Ctrl-C) is done again whole."""
         if not self.path.is_file():
             return 0
         with open(self.path, "rb") as handle:
             handle.seek(self.offset)
             chunk = handle.read()
         complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
         records = [record for text in complete.splitlines() if (record := self._judged(text)) is not None]
         if records:
             rundir.append_records(self.results, records, self.key)
+        self.offset += len(complete)
         return len(records)
 
     def _judged(self, text: bytes) -> dict[str, Any] | None:
+        self.lines += 1
         mac, _, body = text.decode("utf-8", "surrogateescape").partition(" ")
         entry = None
         if self.key is None or hmac.compare_digest(mac, seal.text_mac(body, self.key)):
@@ -82,8 +87,14 @@ class Judge:
                 pass
         if (not isinstance(entry, dict) or entry.get("target") not in self.roles
                 or not isinstance(entry.get("case_id"), str)):
-            self.unsealed += 1
+            self.rejected.append(f"{self.path.name} line {self.lines}: an observation no session of this run wrote "
+                                 "(its seal does not hold, or it names no target of the run): not judged")
             return None
+        if (entry["target"], entry["case_id"]) in self.judged:
+            self.rejected.append(f"{self.path.name} line {self.lines}: a second observation of {entry['case_id']} on "
+                                 f"{entry['target']} (a copied line): not judged")
+            return None
+        self.judged.add((entry["target"], entry["case_id"]))
         return self.judge(entry["case_id"], entry["target"], entry.get("raw"))
 
     def judge(self, case_id: str, spec: str, raw: Any) -> dict[str, Any]:
@@ -97,10 +108,6 @@ class Judge:
         try:
             case = Case.from_id(case_id)
             role = Role(roles.get(case.regression, Role.UNKNOWN.value))
-            if not isinstance(raw, dict):
-                raw = {"observed": {"outcome": "harness_error", "failed_checks": ["harness"], "details": {},
-                                    "error": None, "side_effects": [], "known_deviations": [], "duration_s": 0.0,
-                                    "note": "the worker's observation is not one (not a mapping)"}}
             return judged(case, spec, role, raw, self._reference(case), self.versions[spec], roles)
         except Exception as exc:  # noqa: BLE001 — the judge's own failure: a result, never a lost one
             return lost_case_record(case_id, spec, Role(roles.get(case_id.partition(":")[0], Role.UNKNOWN.value)),
@@ -116,7 +123,8 @@ class Judge:
         return self.references[case.case_id]
 
     def problems(self) -> list[str]:
-        if not self.unsealed:
+        """One line for the run's problems, when lines were rejected (each is in `rejected`)."""
+        if not self.rejected:
             return []
-        return [(f"{self.path.name}: {self.unsealed} lines no session of this run wrote (their seal does not hold, "
-                 "or they name no target of the run): not judged")]
+        return [(f"{self.path.name}: {len(self.rejected)} lines no session of this run wrote (their seal does not "
+                 "hold, they name no target of the run, or they copy a line): not judged")]

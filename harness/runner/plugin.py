@@ -421,7 +421,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _write_records(config, [{seal.REJECTED: problem, "target": spec}])
             return
         _state["recorded"].add(payload["case_id"])
-        _forward(config, payload["case_id"], payload.get("raw"))
+        _forward(config, spec, payload["case_id"], payload.get("raw"))
     elif kind in ("description", "loaded"):
         with _lock:  # loaded: the case's own time starts now
             if key in inflight:
@@ -434,12 +434,11 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             handle.write(json.dumps(payload) + "\n")
 
 
-def _forward(config: pytest.Config, case_id: str, raw: Any) -> None:
+def _forward(config: pytest.Config, spec: str, case_id: str, raw: Any) -> None:
     """Hand a raw observation to the run's judge, the runner (harness.runner.observations): this
     process never imports torch, and neither judges nor computes a reference."""
     from harness.runner import observations
 
-    spec = json.loads(config.getoption("--repro-target"))["spec"]
     rundir.append_locked(Path(config.getoption("--repro-observations")),
                          observations.line(case_id, spec, raw, _state.get("seal_key")))
 

@@ -83,7 +83,7 @@ def _harness_failure(exc: BaseException, note: str) -> dict[str, Any]:
                     {"type": type(exc).__name__, "message": str(exc), "location": None})
 
 
-def judged(case: Case, spec: str, role: Role, raw: dict[str, Any], reference: dict[str, Any] | None,
+def judged(case: Case, spec: str, role: Role, raw: Any, reference: dict[str, Any] | None,
            version: str, roles: dict[str, str] | None = None) -> dict[str, Any]:
     """The judge's part, outside the target's process: the raw observation a worker sent compared
     with the reference (the one given for this case, else the side the worker ran beside the
@@ -93,6 +93,8 @@ def judged(case: Case, spec: str, role: Role, raw: dict[str, Any], reference: di
     from harness.engine.reference import independent, reference_side
 
     try:
+        if not isinstance(raw, dict):
+            raise wire.WireError("it is not a mapping")
         if "lost" in raw:
             lost = raw["lost"]
             return lost_case_record(case.case_id, spec, role, str(lost["why"]), str(lost["text"]),
@@ -110,7 +112,7 @@ def judged(case: Case, spec: str, role: Role, raw: dict[str, Any], reference: di
             observed = compare.compared(case, wire.unpack(raw), wire.unpack(side), version)
     except Exception as exc:  # noqa: BLE001 — a malformed observation: the harness could not judge it
         observed = _harness_failure(exc, f"the worker's observation could not be judged: {exc}")
-    if changed := raw.get("state_changes"):
+    if isinstance(raw, dict) and (changed := raw.get("state_changes")):
         observed = _with_state_changes(observed, [str(c) for c in changed])
     return finish(case, spec, role, observed, roles)
 

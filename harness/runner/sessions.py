@@ -228,7 +228,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                   workers: int, progress: Callable[[str], None], case_timeout: float,
                   tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
                   load_timeout: float = LOAD_TIMEOUT_S, problems: list[str] | None = None,
-                  max_rss: int = 0, key: bytes | None = None) -> dict[str, int]:
+                  max_rss: int = 0, key: bytes | None = None, rejected: list[str] | None = None) -> dict[str, int]:
     """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
     seconds, so for ordinary selections the sessions run side by side, one worker each;
     a session too large for that gets all the workers, one session at a time. With xdist
@@ -290,6 +290,8 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
         judge.poll()
         if problems is not None:
             problems += judge.problems()
+        if rejected is not None:
+            rejected += judge.rejected
     return exits
 
 
@@ -391,17 +393,19 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
                  f"({', '.join(f'{r} {v.value}' for r, (v, _) in roles[target.spec].items())})")
     previous = signal.signal(signal.SIGTERM, _raise_interrupted)
     session_problems: list[str] = []
+    session_rejected: list[str] = []  # observations the run's judge refused (harness.runner.observations)
     seal_key = seal.new_key()  # this run's: only the lines its own processes seal count
     try:
         exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout, tx, rsyncdirs, load_timeout,
                               session_problems, memory.default_max_rss(workers) if max_rss is None else max_rss,
-                              seal_key)
+                              seal_key, session_rejected)
     finally:
         signal.signal(signal.SIGTERM, previous)
     descriptions = {spec: _read_description(out_dir, target) for spec, target in prepared.items()}
     run = assemble(out_dir, matrix, selections, plan, roles, excluded, descriptions, seal_key)
     run["target_problems"] = [{"target": spec, "problem": line} for spec, line in blocked.items()]
     run["problems"] = session_problems + run["problems"]
+    run["rejected"] = session_rejected + run["rejected"]
     run["not_run"] = completeness.not_run(run, [(target, cases) for target, cases, _ in plan], exits,
                                           out_dir / "sessions")
     return run
