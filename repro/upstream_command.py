@@ -1,11 +1,13 @@
 """`repro upstream-tests`: a TE checkout's own fuser tests, run against targets on the CPU.
 
 Upstream's `tests/pytorch/test_fusible_ops.py` lives in TE's git repository, not in the
-wheel. Its tests default to `device="cuda"`; those that run on the CPU (a `cpu` device
-parametrization, as a string or a `torch.device`, or no device argument at all) are kept by
-a pytest plugin of ours (harness.runner.upstream_selection), the others deselected. FP8 cases skip through upstream's own `maybe_skip_quantization`, since the CPU
-backend is a device without FP8. Each target runs in its own `repro exec` process; the counts
-come from pytest's junit XML, written to a temporary directory (never into the checkout).
+wheel. Its tests default to `device="cuda"`: a pytest plugin of ours
+(harness.runner.upstream_selection) places them on the CPU backend, where quantized variants
+skip through upstream's own `maybe_skip_quantization`; a CUDA parametrization beside a CPU one
+is deselected. Upstream's CI environment for the test file at that revision is applied
+(harness.runner.upstream_ci). Each target runs in its own `repro exec` process; the counts and
+the failures, each explained in one line (harness.runner.upstream_failures), come from
+pytest's junit XML, written to a temporary directory (never into the checkout).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from tabulate import tabulate
 
 from harness import targets
 from harness.errors import UsageError
+from harness.runner import upstream_failures
+from harness.runner.upstream_ci import CI_SCRIPT, ci_environment
 from harness.targets import revisions, sources
 
 FUSER_TESTS = "tests/pytorch/test_fusible_ops.py"
@@ -46,6 +50,8 @@ def _tests_file(args: argparse.Namespace) -> Iterator[Path]:
     if rev is not None:
         with tempfile.TemporaryDirectory(prefix="repro-upstream-tests-") as tmp:
             exported = revisions.export_path(root, rev, str(Path(FUSER_TESTS).parent), Path(tmp))
+            with contextlib.suppress(UsageError):  # a revision before upstream's CI script
+                revisions.export_path(root, rev, str(Path(CI_SCRIPT).parent), Path(tmp))
             yield exported / Path(FUSER_TESTS).name
         return
     found = root / FUSER_TESTS
@@ -64,9 +70,13 @@ def _counts(junit: Path) -> dict[str, int]:
     return {"passed": total - failed - skipped, "failed": failed, "skipped": skipped}
 
 
-def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[str], args: argparse.Namespace
-                       ) -> tuple[dict[str, int], int]:
-    """One target's run: its counts, and pytest's exit status."""
+def _checkout_root(tests: Path) -> Path:
+    return tests.parents[len(Path(FUSER_TESTS).parts) - 1]
+
+
+def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[str], args: argparse.Namespace,
+                       ci_env: dict[str, str]) -> tuple[dict[str, int], list[upstream_failures.Failure], int]:
+    """One target's run: its counts, its failures with their reasons, and pytest's exit status."""
     from harness.targets.site import exec_environment
 
     prepared = targets.prepare(spec, sources.cache_dir(args.cache_dir), args.offline)
@@ -79,9 +89,11 @@ def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[
                    f"--junitxml={junit}", "-o", "junit_family=xunit2", *extra]
         # From the temporary directory: plugins that write beside the working directory
         # (pytest-benchmark's .benchmarks) write there, never into the checkout.
-        status = subprocess.run(command, cwd=tmp, env=exec_environment(prepared, False, dict(os.environ)),
-                                check=False).returncode
-        return (_counts(junit) if junit.is_file() else {}), status
+        env = exec_environment(prepared, False, {**os.environ, **ci_env}, (tests.parent,))
+        status = subprocess.run(command, cwd=tmp, env=env, check=False).returncode
+        if not junit.is_file():
+            return {}, [], status
+        return _counts(junit), upstream_failures.failures(junit), status
 
 
 def cmd_upstream_tests(args: argparse.Namespace) -> int:
@@ -91,28 +103,38 @@ def cmd_upstream_tests(args: argparse.Namespace) -> int:
 
 def _run_all(args: argparse.Namespace, tests: Path) -> int:
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
-    rows, worst = [], 0
+    ci_env, ci_where = ci_environment(_checkout_root(tests) / CI_SCRIPT)
+    rows, worst, explained = [], 0, []
     for spec in args.target:
-        counts, status = run_upstream_tests(spec, tests, args.keyword, extra, args)
+        counts, failed, status = run_upstream_tests(spec, tests, args.keyword, extra, args, ci_env)
+        explained += [[spec, reason, n, test] for reason, n, test in upstream_failures.by_reason(failed)]
         if not counts:
-            rows.append([spec, "-", "-", "-", f"no results (pytest exit {status})"])
+            rows.append([spec, "-", "-", "-", "-", f"no results (pytest exit {status})"])
             worst = max(worst, 1)
             continue
         # Nothing judged is never a pass: every test skipped (needs CUDA, FP8) says so, and fails.
         verdict = "FAILED" if status else "nothing passed" if not counts["passed"] else "ok"
-        rows.append([spec, counts["passed"], counts["failed"], counts["skipped"], verdict])
+        ran = counts["passed"] + counts["failed"]
+        share = f"{100 * counts['passed'] / ran:.1f}%" if ran else "-"
+        rows.append([spec, counts["passed"], counts["failed"], counts["skipped"], share, verdict])
         worst = max(worst, 0 if verdict == "ok" else 1)
-    print(f"upstream tests: {tests}, those that run on the CPU" + (f", -k {args.keyword!r}" if args.keyword else ""))
-    print(tabulate(rows, headers=["target", "passed", "failed", "skipped", "status"], tablefmt="simple"))
+    print(f"upstream tests: {tests}, on the CPU" + (f", -k {args.keyword!r}" if args.keyword else ""))
+    setting = " ".join(f"{k}={v}" for k, v in ci_env.items()) or "nothing set"
+    print(f"upstream CI environment: {setting} ({ci_where})")
+    print(tabulate(rows, headers=["target", "passed", "failed", "skipped", "passed of run", "status"], tablefmt="simple"))
+    if explained:
+        print("\nfailures, each explained:")
+        print(tabulate(explained, headers=["target", "why", "tests", "e.g."], tablefmt="simple"))
     return worst
 
 
 def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser(
         "upstream-tests", parents=[common], help="run a TE checkout's own fuser tests against targets on the CPU",
-        description=("Runs the checkout's tests/pytorch/test_fusible_ops.py under `repro exec` for each target and "
-                     "reports passed/failed/skipped per target, of the tests that run on the CPU (a cpu device "
-                     "parametrization, or no device argument); FP8 cases skip by upstream's own logic (a device without FP8). Exit 1 when a target "
+        description=("Runs the checkout's tests/pytorch/test_fusible_ops.py under `repro exec` for each target, "
+                     "its CUDA tests placed on the CPU backend and upstream's CI environment for the file applied, "
+                     "and reports passed/failed/skipped per target with each failure explained in one line; "
+                     "quantized cases skip by upstream's own logic (a device without FP8). Exit 1 when a target "
                      "has a failure, no results, or none passed."),
         epilog=EXAMPLE)
     p.add_argument("--target", action="append", required=True, metavar="SPEC",

@@ -105,3 +105,44 @@ def test_standalone_megatron_recompute_through_exec(tmp_path: Path) -> None:
     assert crashed.returncode == 1 and "only change requires_grad flags of leaf variables" in crashed.stderr
     passed = exec_in(tmp_path, "--target", "te-2.16.0", "--megatron", "--", sys.executable, str(script))
     assert passed.returncode == 0, passed.stderr
+
+
+def _lines_printed(tmp_path: Path, target: str, lines_of_code: list[str]) -> list[str]:
+    """What a script run under `repro exec --target TARGET` prints, line by line; it must exit 0."""
+    result = exec_in(tmp_path, "--target", target, "--", sys.executable, "-c", "\n".join(lines_of_code))
+    assert result.returncode == 0, result.stderr
+    return result.stdout.splitlines()
+
+
+def test_device_answers_serve_only_the_targets_files(tmp_path: Path) -> None:
+    """TE asks torch.cuda about the device and gets the CPU backend's answer (8.0, no FP8); the
+    user's own code, and torch.compile's inductor, get torch's own (a host without CUDA). And
+    CUDA's autocast state, read from TE's files, is the CPU's."""
+    printed = _lines_printed(tmp_path, "te-2.13.0", [
+        "import torch, transformer_engine.pytorch as te",
+        "from transformer_engine.pytorch.utils import get_device_compute_capability",
+        "print('te', get_device_compute_capability())",
+        "try:\n    torch.cuda.get_device_properties(0); print('user answered')",
+        "except (AssertionError, RuntimeError):\n    print('user refused')",
+        "print('user autocast', torch.is_autocast_enabled())",
+        "with torch.autocast('cpu', dtype=torch.bfloat16):",
+        "    y = te.ops.Linear(16, 16, bias=False, device='cpu')(torch.ones(4, 16))",
+        "print('te autocast', y.dtype)"])
+    assert printed == ["te (8, 0)", "user refused", "user autocast False", "te autocast torch.bfloat16"], printed
+
+
+def test_tes_triton_kernels_are_stood_in_at_the_boundary(tmp_path: Path) -> None:
+    """TE's `@triton.jit` kernels run nowhere on a host without a GPU: its kernel modules run as
+    shipped, then a kernel with a stand-in runs ours, and one without raises MissingKernel with
+    TE's caller, when launched (never at import)."""
+    lines = _lines_printed(tmp_path, "te-2.16.0", [
+        "import torch, transformer_engine.pytorch as te",
+        "from transformer_engine.pytorch.triton.grouped_dbias_dscales import compute_grouped_dbias",
+        "dy = torch.arange(12.).reshape(4, 3)",
+        "print(compute_grouped_dbias(dy, torch.tensor([0, 1, 4]), 2).tolist())",
+        "from transformer_engine.pytorch.triton import pad",
+        "try:\n    pad.pad_columnwise_scale_inv(torch.ones(3, 5))",
+        "except Exception as exc:\n    print(type(exc).__name__, exc)"])
+    assert lines[0] == "[[0.0, 1.0, 2.0], [18.0, 21.0, 24.0]]", lines
+    assert lines[1].startswith("MissingKernel target te-2.16.0: transformer_engine/pytorch/triton/pad.py:"), lines
+    assert "transformer_engine.common.triton.pad." in lines[1], lines

@@ -266,3 +266,197 @@ def test_rmsnorm_bwd_add_adds_the_extra_gradient() -> None:
     ref = _reference("rmsnorm", t, False)
     torch.testing.assert_close(dx, ref["dx"] + add)
     torch.testing.assert_close(dw, ref["dw"])
+
+
+def test_rmsnorm_bwd_add_rounds_once_in_low_precision() -> None:
+    """TE's kernel adds the extra gradient to dx in float32 and stores once; rounding dx to
+    bfloat16 first, then adding, differs from it in the last bit for some elements."""
+    t = _tensors(torch.bfloat16, False)
+    _, _, rsigma = kernels.rmsnorm_fwd(t["x"], t["weight"], EPS, None, None, kernels.DType.kBFloat16, 0, False)
+    add = (torch.randn(ROWS, HIDDEN, generator=torch.Generator().manual_seed(5)) * 3).to(torch.bfloat16)
+    dx, _ = kernels.rmsnorm_bwd_add(t["dy"], t["x"], add, rsigma, t["weight"], 0, False)
+    dx_float, _ = kernels._rmsnorm_bwd_float(t["dy"], t["x"], rsigma, t["weight"], False)
+    once = (dx_float + add.float()).to(torch.bfloat16)
+    torch.testing.assert_close(dx, once, rtol=0, atol=0)
+    twice = (dx_float.to(torch.bfloat16).float() + add.float()).to(torch.bfloat16)
+    with pytest.raises(AssertionError):  # the stand-in's old double rounding is caught by the same comparison
+        torch.testing.assert_close(twice, once, rtol=0, atol=0)
+
+
+def _clamped_swiglu_reference(x: torch.Tensor, limit: float, alpha: float, offset: float) -> torch.Tensor:
+    gate, linear = x.chunk(2, -1)
+    gate = gate.clamp(max=limit)
+    return gate * torch.sigmoid(alpha * gate) * (linear.clamp(-limit, limit) + offset)
+
+
+def _compare_clamped_swiglu(dtype: torch.dtype, fwd: Callable[..., Any], bwd: Callable[..., Any],
+                            offset: float) -> None:
+    g = torch.Generator().manual_seed(11)
+    x = (torch.randn(8, 32, generator=g) * 6).to(dtype)  # beyond the limit on both sides
+    dy = torch.randn(8, 16, generator=g).to(dtype)
+    xr = x.float().requires_grad_()
+    y_ref = _clamped_swiglu_reference(xr, 7.0, 1.702, offset)
+    y_ref.backward(dy.float())
+    torch.testing.assert_close(fwd(x, None, 7.0, 1.702, offset), y_ref.detach().to(dtype), **TOLERANCES[dtype])
+    torch.testing.assert_close(bwd(dy, x, None, 7.0, 1.702, offset), xr.grad.to(dtype), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("offset", [1.0, 0.5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+def test_clamped_swiglu_matches_autograd(dtype: torch.dtype, offset: float) -> None:
+    _compare_clamped_swiglu(dtype, kernels.clamped_swiglu, kernels.clamped_dswiglu, offset)
+
+
+def test_clamped_swiglu_comparison_catches_broken_kernel() -> None:
+    def no_clamp_in_backward(dy: torch.Tensor, x: torch.Tensor, q: Any, limit: float, alpha: float,
+                             offset: float) -> torch.Tensor:
+        return kernels.clamped_dswiglu(dy, x, q, float("inf"), alpha, offset)
+
+    def offset_ignored(x: torch.Tensor, q: Any, limit: float, alpha: float, offset: float) -> torch.Tensor:
+        return kernels.clamped_swiglu(x, q, limit, alpha)
+
+    with pytest.raises(AssertionError):
+        _compare_clamped_swiglu(torch.float32, kernels.clamped_swiglu, no_clamp_in_backward, 1.0)
+    with pytest.raises(AssertionError):
+        _compare_clamped_swiglu(torch.float32, offset_ignored, kernels.clamped_dswiglu, 0.5)
+
+
+def _check_dropout(dtype: torch.dtype, p: float, bwd: Callable[..., Any]) -> None:
+    """Each output element is 0 or x / (1 - p) (in float32, stored once), the mask's bits say
+    which, the share dropped is floor(p * 256) / 256 within five standard deviations, and the
+    backward applies the same mask and scale."""
+    from harness.targets.cpu_backend import device
+
+    device.cuda_generator().manual_seed(7)
+    x = (torch.rand(64, 256, generator=torch.Generator().manual_seed(2)) + 0.5).to(dtype)  # never 0
+    y, mask = kernels.dropout_fwd(x, p)
+    assert mask.dtype == torch.uint8 and mask.numel() == x.numel() // 8
+    keep = ((mask.to(torch.int32).unsqueeze(-1) >> torch.arange(8)) & 1).reshape(x.shape).bool()
+    scale = 1 / (1 - p)
+    torch.testing.assert_close(y, torch.where(keep, (x.float() * scale).to(dtype), torch.zeros_like(x)), rtol=0, atol=0)
+    dropped, expected = 1 - keep.float().mean().item(), int(p * 256) / 256
+    assert abs(dropped - expected) < 5 * (expected * (1 - expected) / x.numel()) ** 0.5 + 1e-9
+    dy = torch.randn(x.shape, generator=torch.Generator().manual_seed(3)).to(dtype)
+    expected_dx = torch.where(keep, (dy.float() * scale).to(dtype), torch.zeros_like(dy))
+    torch.testing.assert_close(bwd(dy, mask, p), expected_dx, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_dropout_keeps_what_its_mask_says(dtype: torch.dtype, p: float) -> None:
+    _check_dropout(dtype, p, kernels.dropout_bwd)
+
+
+def test_dropout_is_seeded_by_the_cuda_generator_and_refuses_odd_sizes() -> None:
+    from harness.targets.cpu_backend import device
+
+    x = torch.ones(4, 16, dtype=torch.bfloat16)
+    device.cuda_generator().manual_seed(1)
+    first = kernels.dropout_fwd(x, 0.5)[1]
+    device.cuda_generator().manual_seed(1)
+    assert torch.equal(first, kernels.dropout_fwd(x, 0.5)[1])
+    with pytest.raises(ValueError, match="divisible by 16"):
+        kernels.dropout_fwd(torch.ones(3, 5, dtype=torch.bfloat16), 0.5)
+
+
+def test_dropout_check_catches_broken_kernel() -> None:
+    def bits_reversed(dy: torch.Tensor, mask: torch.Tensor, p: float) -> torch.Tensor:
+        reversed_mask = ((mask.to(torch.int32).unsqueeze(-1) >> torch.arange(8)) & 1).flip(-1)
+        return kernels.dropout_bwd(dy, (reversed_mask * 2 ** torch.arange(8)).sum(-1).to(torch.uint8), p)
+
+    with pytest.raises(AssertionError):
+        _check_dropout(torch.bfloat16, 0.5, bits_reversed)
+
+
+def _grouped(grouped_gemm: Callable[..., Any], dtype: torch.dtype, single_output: bool,
+             with_bias: bool) -> None:
+    """The forward layout GroupedLinear uses ("TN": weights A[i], inputs B[i] split by rows), each
+    group against its own matmul; with a bias, added forward, and its gradient in the "NT"
+    (weight gradient) layout."""
+    g = torch.Generator().manual_seed(4)
+    splits, k, n = [3, 0, 5], 16, 8
+    x = torch.randn(sum(splits), k, generator=g).to(dtype)
+    inputs = list(x.split(splits))
+    weights = [torch.randn(n, k, generator=g).to(dtype) for _ in splits]
+    biases = [torch.randn(n, generator=g).to(dtype) if with_bias else torch.empty(0, dtype=dtype) for _ in splits]
+    out = [torch.empty(sum(splits), n, dtype=dtype)] if single_output else [torch.empty(m, n, dtype=dtype) for m in splits]
+    otype = {torch.float32: kernels.DType.kFloat32, torch.bfloat16: kernels.DType.kBFloat16}[dtype]
+    grouped_gemm(weights, True, inputs, False, out, otype, splits, biases, otype, single_output,
+                 [torch.empty(0)] * 3, False, [torch.empty(1)], 1, False, False, 0)
+    results = out[0].split(splits) if single_output else out
+    for i in range(len(splits)):
+        expected = inputs[i].float() @ weights[i].float().t() + (biases[i].float() if with_bias else 0)
+        torch.testing.assert_close(results[i], expected.to(dtype), **TOLERANCES[dtype])
+    if with_bias:  # the weight gradient: dW[i] = dy[i]^T x[i], the bias gradient the column sum of dy[i]
+        dys = [torch.randn(m, n, generator=g).to(dtype) for m in splits]
+        dw = [torch.empty(n, k, dtype=dtype) for _ in splits]
+        dbias = [torch.empty(n, dtype=dtype) for _ in splits]
+        grouped_gemm(inputs, False, dys, True, dw, otype, splits, dbias, otype, False,
+                     [torch.empty(0)] * 3, True, [torch.empty(1)], 1, False, False, 0)
+        for i in range(len(splits)):
+            torch.testing.assert_close(dw[i], (dys[i].float().t() @ inputs[i].float()).to(dtype), **TOLERANCES[dtype])
+            torch.testing.assert_close(dbias[i], dys[i].float().sum(0).to(dtype), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("single_output", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_grouped_gemm_matches_each_groups_matmul(dtype: torch.dtype, single_output: bool, with_bias: bool) -> None:
+    _grouped(kernels.te_general_grouped_gemm, dtype, single_output, with_bias)
+
+
+def test_grouped_gemm_comparison_catches_broken_kernel() -> None:
+    def groups_swapped(A: list[torch.Tensor], *args: Any) -> Any:
+        return kernels.te_general_grouped_gemm([A[-1], *A[1:-1], A[0]], *args)
+
+    def bias_gradient_left_out(*args: Any) -> Any:
+        args = list(args)
+        args[7] = [torch.empty(0)] * len(args[7]) if args[11] else args[7]
+        return kernels.te_general_grouped_gemm(*args)
+
+    with pytest.raises(AssertionError):
+        _grouped(groups_swapped, torch.float32, False, False)
+    with pytest.raises(AssertionError):
+        _grouped(bias_gradient_left_out, torch.float32, False, True)
+
+
+def _grouped_dbias_case(kernel: Callable[..., Any], has_scales: bool) -> None:
+    """TE's Triton `_grouped_dbias_kernel` stand-in against per-group sums, accumulating into
+    the given buffers as the kernel's atomic adds do."""
+    from harness.targets.cpu_backend import triton_kernels  # noqa: F401 (the module under test)
+
+    g = torch.Generator().manual_seed(9)
+    splits, hidden = [4, 0, 3], 8
+    dy = torch.randn(sum(splits), hidden, generator=g).to(torch.bfloat16)
+    offsets = torch.tensor([0, 4, 4, 7])
+    scales, bias = torch.rand(sum(splits), generator=g), torch.randn(3, hidden, generator=g)
+    dbias, dscales = torch.ones(3, hidden), torch.ones(sum(splits))
+    kernel[(3, 4, 1)](dy, dbias, offsets, scales if has_scales else dy, bias if has_scales else dy,
+                      dscales if has_scales else dy, hidden, HAS_SCALES=has_scales, N_ROW_SPLITS=4,
+                      BLOCK_M=128, BLOCK_H=128, num_warps=4, num_stages=2)
+    rows = dy.float().split(splits)
+    weights = scales.split(splits) if has_scales else [torch.ones(m) for m in splits]
+    expected = torch.stack([(r * w.unsqueeze(-1)).sum(0) for r, w in zip(rows, weights)]) + 1
+    torch.testing.assert_close(dbias, expected)
+    if has_scales:
+        group_of_row = torch.repeat_interleave(torch.arange(3), torch.tensor(splits))
+        torch.testing.assert_close(dscales, (dy.float() * bias[group_of_row]).sum(-1) + 1)
+
+
+@pytest.mark.parametrize("has_scales", [False, True])
+def test_triton_grouped_dbias_matches_per_group_sums(has_scales: bool) -> None:
+    from harness.targets.cpu_backend import triton_kernels
+
+    _grouped_dbias_case(triton_kernels.Launch("_grouped_dbias_kernel", triton_kernels.KERNELS["_grouped_dbias_kernel"]),
+                        has_scales)
+
+
+def test_triton_grouped_dbias_check_catches_broken_kernel() -> None:
+    from harness.targets.cpu_backend import triton_kernels
+
+    def overwrites(dy: torch.Tensor, dbias: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        dbias.zero_()  # writes where the kernel accumulates
+        triton_kernels.grouped_dbias_kernel(dy, dbias, *args, **kwargs)
+
+    with pytest.raises(AssertionError):
+        _grouped_dbias_case(triton_kernels.Launch("broken", overwrites), False)

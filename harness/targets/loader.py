@@ -13,6 +13,7 @@ One process holds one target: two TE versions cannot share an interpreter.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.machinery
 import importlib.util
@@ -27,7 +28,7 @@ from typing import Any
 from harness.engine.frames import innermost_te_frame
 from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
-from harness.targets.cpu_backend import boundary, device, extension
+from harness.targets.cpu_backend import boundary, device, extension, triton_kernels
 from harness.targets.cpu_backend.strict import StrictModule
 
 # TE's own pass-through ops, by class name and the module that holds each, newest name first.
@@ -204,22 +205,29 @@ def op_features(ops: dict[str, Any]) -> frozenset[str]:
     return frozenset(found)
 
 
-def load_cpu(prepared: PreparedTarget) -> LoadedTarget:
+def load_cpu(prepared: PreparedTarget, answer_also: tuple[Path, ...] = ()) -> LoadedTarget:
+    """`answer_also`: directories whose calls the device answers serve besides the target's files."""
     if any(name == "transformer_engine" or name.startswith("transformer_engine.") for name in sys.modules):
         raise TargetLoadError("a transformer_engine is already imported in this process; load one target per process")
     try:
-        return _load_cpu(prepared)
+        return _load_cpu(prepared, answer_also)
     except BaseException:
         _forget_target()
         raise
 
 
-def _load_cpu(prepared: PreparedTarget) -> LoadedTarget:
+def _triton_stand_in(spec: str, te_dir: Path, name: str, module: str) -> Any:
+    """What runs for one of TE's Triton kernels: its stand-in, else a MissingKernel naming it."""
+    return triton_kernels.KERNELS.get(name) or extension.missing_kernel(spec, name, te_dir, module)
+
+
+def _load_cpu(prepared: PreparedTarget, answer_also: tuple[Path, ...]) -> LoadedTarget:
     te_dir = Path(prepared.root or "") / "transformer_engine"
-    device.install(te_dir)
+    device.install(te_dir, answer_also)
     module, stood_in = extension.build(prepared.spec, te_dir)
     sys.modules[module.__name__] = module
-    sys.meta_path.insert(0, boundary.TargetFinder(te_dir, prepared.version))
+    sys.meta_path.insert(0, boundary.TargetFinder(te_dir, prepared.version, functools.partial(
+        _triton_stand_in, prepared.spec, te_dir)))
     _fork_standins(prepared, te_dir)
     # transformer_engine/__init__.py swallows an ImportError of its pytorch package; importing
     # the package itself raises it again, with the target's file and line.
@@ -326,12 +334,12 @@ def loaded() -> LoadedTarget | None:
     return _LOADED
 
 
-def load(prepared: PreparedTarget) -> LoadedTarget:
+def load(prepared: PreparedTarget, answer_also: tuple[Path, ...] = ()) -> LoadedTarget:
     global _LOADED
     # Never write bytecode into a source under test (path: trees, the installed TE), even
     # where PYTHONDONTWRITEBYTECODE is unset.
     sys.dont_write_bytecode = True
     if prepared.patch_status == "conflict":
         raise TargetLoadError(f"target {prepared.spec}: patch {prepared.patch} does not apply (conflict)")
-    _LOADED = load_native(prepared) if prepared.backend == "native" else load_cpu(prepared)
+    _LOADED = load_native(prepared) if prepared.backend == "native" else load_cpu(prepared, answer_also)
     return _LOADED

@@ -21,9 +21,13 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TARGET_ENV = "REPRO_EXEC_TARGET"
 MEGATRON_ENV = "REPRO_EXEC_MEGATRON"
 LOADING_ENV = "REPRO_EXEC_LOADING"
+# Directories (os.pathsep-separated) whose calls the CPU backend's device answers serve besides
+# the target's files: `repro upstream-tests` names the checkout's tests.
+ANSWER_ALSO_ENV = "REPRO_EXEC_DEVICE_ANSWERS_ALSO"
 
 
-def exec_environment(prepared: PreparedTarget, megatron: bool, base: dict[str, str]) -> dict[str, str]:
+def exec_environment(prepared: PreparedTarget, megatron: bool, base: dict[str, str],
+                     answer_also: tuple[Path, ...] = ()) -> dict[str, str]:
     """The child's environment: the boot folder and the project first on PYTHONPATH, the target named."""
     path = [str(BOOT_DIR), str(PROJECT_ROOT)] + ([base["PYTHONPATH"]] if base.get("PYTHONPATH") else [])
     env = {**base, "PYTHONPATH": os.pathsep.join(path), TARGET_ENV: prepared.to_json(),
@@ -31,6 +35,8 @@ def exec_environment(prepared: PreparedTarget, megatron: bool, base: dict[str, s
            "PYTHONDONTWRITEBYTECODE": "1"}
     if megatron:
         env[MEGATRON_ENV] = "1"
+    if answer_also:
+        env[ANSWER_ALSO_ENV] = os.pathsep.join(str(d) for d in answer_also)
     return env
 
 
@@ -47,7 +53,8 @@ def activate() -> None:
 
     prepared = PreparedTarget.from_json(text)
     try:
-        loaded = load(prepared)
+        also = tuple(Path(d) for d in os.environ.get(ANSWER_ALSO_ENV, "").split(os.pathsep) if d)
+        loaded = load(prepared, also)
         if os.environ.get(MEGATRON_ENV):
             # After the target: Megatron probes TE at import and must find this one; its RNG
             # bookkeeping is pointed at the CPU generator on a CPU-only host.

@@ -13,7 +13,10 @@ path finder from the target's files. Three things at the boundary are not TE's:
   before) is not executed; the compiled module it would put in `sys.modules` is there
   already (`extension.build`). Every other statement runs, with its own line numbers;
 - the distribution metadata `transformer_engine/__init__.py` reads (`__version__`): the
-  tree's own dist-info, or for a checkout without one, its version file.
+  tree's own dist-info, or for a checkout without one, its version file;
+- TE's own Triton kernels (`transformer_engine/common/triton/*.py`): each module runs as
+  shipped, then its `@triton.jit` kernels are replaced by their CPU stand-ins
+  (`triton_kernels.py`), or by a launch that raises `MissingKernel`.
 """
 
 from __future__ import annotations
@@ -24,16 +27,21 @@ import importlib.machinery
 import importlib.metadata
 import importlib.util
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from harness.targets.cpu_backend import triton_kernels
 
 PACKAGE = "transformer_engine"
 EXTENSION = "transformer_engine_torch"  # upstream's name for the compiled PyTorch extension
 # Module-level calls in pytorch/__init__.py that load the compiled extension.
 EXTENSION_LOADERS = ("load_framework_extension", "_load_library")
 _BUILDING = {"NVTE_PROJECT_BUILDING": "1", "NVTE_RELEASE_BUILD": "0"}
+TRITON_KERNELS = f"{PACKAGE}.common.triton."  # its modules: TE's Triton kernels
+# (kernel name, module name) -> what runs when TE launches that Triton kernel.
+StandIn = Callable[[str, str], Callable[..., Any]]
 
 
 class _CommonLoader(importlib.machinery.SourceFileLoader):
@@ -71,6 +79,20 @@ class _PytorchInitLoader(importlib.machinery.SourceFileLoader):
         return self.source_to_code(self.get_data(self.path), self.path)
 
 
+class _TritonKernelsLoader(importlib.machinery.SourceFileLoader):
+    """A module of TE's Triton kernels as shipped, its JIT kernels then stood in."""
+
+    def __init__(self, fullname: str, path: str, stand_in: StandIn) -> None:
+        super().__init__(fullname, path)
+        self.stand_in = stand_in
+
+    def exec_module(self, module: ModuleType) -> None:
+        super().exec_module(module)
+        for name, value in list(vars(module).items()):
+            if triton_kernels.is_jit_kernel(value):
+                setattr(module, name, triton_kernels.Launch(name, self.stand_in(name, module.__name__)))
+
+
 class _Distribution(importlib.metadata.Distribution):
     """A checkout's metadata when it has no dist-info: its name and version file."""
 
@@ -87,15 +109,22 @@ class _Distribution(importlib.metadata.Distribution):
 class TargetFinder(importlib.abc.MetaPathFinder):
     """Serves the target's `transformer_engine` package and its distribution metadata."""
 
-    def __init__(self, te_dir: Path, version: str) -> None:
+    def __init__(self, te_dir: Path, version: str, triton_stand_in: StandIn | None = None) -> None:
         self.te_dir = te_dir
         self.version = version
+        self.triton_stand_in = triton_stand_in
 
     def find_spec(self, fullname: str, path: Sequence[str] | None = None, target: Any = None) -> Any:
         if fullname == PACKAGE:
             return importlib.util.spec_from_file_location(
                 PACKAGE, self.te_dir / "__init__.py", submodule_search_locations=[str(self.te_dir)])
         loaders = {f"{PACKAGE}.common": _CommonLoader, f"{PACKAGE}.pytorch": _PytorchInitLoader}
+        if fullname.startswith(TRITON_KERNELS) and fullname.count(".") == TRITON_KERNELS.count("."):
+            source = self.te_dir.joinpath(*fullname.split(".")[1:]).with_suffix(".py")
+            if self.triton_stand_in is None or not source.is_file():
+                return None
+            triton_loader = _TritonKernelsLoader(fullname, str(source), self.triton_stand_in)
+            return importlib.util.spec_from_file_location(fullname, source, loader=triton_loader)
         if fullname in loaders:
             init = self.te_dir / fullname.rpartition(".")[2] / "__init__.py"
             loader = loaders[fullname](fullname, str(init))

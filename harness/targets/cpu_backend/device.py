@@ -9,7 +9,11 @@ TE itself reports FP8, MXFP8 and NVFP4 unavailable and skips their paths), and a
 generator of its own, seeded like torch's CPU generator. `torch.cuda.is_available()` still
 says False, and anything else under torch.cuda fails as CPU torch makes it fail.
 
-Installed process-wide by the loader (`install`), before the target is imported.
+Every answer applies only to calls made from the target's own files (and from the directories
+`install` is given besides: the checkout's tests that `repro upstream-tests` runs, whose
+helpers save the CUDA generator's state). Called from anywhere else, torch.cuda is torch's
+own: `torch.compile`'s inductor, which reads more device properties than TE does, sees a host
+without CUDA, as it is. Installed by the loader (`install`), before the target is imported.
 
 Where TE's own code names CUDA outright, the CUDA device is the CPU, the device the CPU
 backend computes on:
@@ -22,7 +26,11 @@ backend computes on:
   makes two streams even with offloading off, and Megatron's TransformerBlock builds that
   handler), and `torch.cuda.synchronize()` called from them returns at once, as the CPU's
   work is done when a call returns (2.5-2.8's `BasicOperation.get_extra_state`, which every
-  `state_dict()` of a TE op runs). Called from anywhere else, they are torch's own;
+  `state_dict()` of a TE op runs), and CUDA's autocast state read from them
+  (`torch.is_autocast_enabled()`, `torch.get_autocast_dtype("cuda")`,
+  `torch.get_autocast_gpu_dtype()`: TE's linear, activation and dropout ops pick their compute
+  dtype by it) is the CPU's, the autocast a caller on the CPU backend enters. Called from
+  anywhere else, they are torch's own;
 
 and, after import (`answer_te_device_queries`), one of TE's helpers:
 - `canonicalize_device(None)`, "the default CUDA device", which releases up to 2.12 move an
@@ -79,8 +87,35 @@ def manual_seed(seed: int) -> None:
     _generator.manual_seed(seed)
 
 
+def cuda_generator() -> torch.Generator:
+    """The CUDA generator the answers above stand in: TE's kernels that draw random bits
+    (dropout) draw from it, as the extension draws from torch's default CUDA generator."""
+    return _generator
+
+
 ANSWERS = {f.__name__: f for f in (current_device, get_device_properties, get_device_capability,
                                    get_device_name, get_rng_state, set_rng_state, manual_seed)}
+
+
+def _on_cpu(device_type: Any) -> Any:
+    return "cpu" if device_type == "cuda" else device_type
+
+
+def is_autocast_enabled(device_type: Any = "cuda") -> bool:
+    return _ORIGINAL_AUTOCAST["is_autocast_enabled"](_on_cpu(device_type))
+
+
+def get_autocast_dtype(device_type: Any) -> torch.dtype:
+    return _ORIGINAL_AUTOCAST["get_autocast_dtype"](_on_cpu(device_type))
+
+
+def get_autocast_gpu_dtype() -> torch.dtype:
+    return _ORIGINAL_AUTOCAST["get_autocast_dtype"]("cpu")
+
+
+# torch's own, kept before `install` answers them (the answers call these with the CPU).
+_ORIGINAL_AUTOCAST = {name: getattr(torch, name) for name in ("is_autocast_enabled", "get_autocast_dtype")}
+AUTOCAST_ANSWERS = {f.__name__: f for f in (is_autocast_enabled, get_autocast_dtype, get_autocast_gpu_dtype)}
 
 
 def _cpu_by_default(canonicalize: Any) -> Any:
@@ -113,9 +148,23 @@ def answer_te_device_queries(modules: dict[str, types.ModuleType]) -> list[str]:
     return answered
 
 
-def _called_from(te_dir: str) -> bool:
-    """Whether the caller of the function calling this is one of the target's own files."""
-    return sys._getframe(2).f_code.co_filename.startswith(te_dir + os.sep)
+def _called_from(te_dir: str | tuple[str, ...]) -> bool:
+    """Whether the caller of the function calling this is one of the target's own files
+    (or under one of the directories given)."""
+    dirs = (te_dir,) if isinstance(te_dir, str) else te_dir
+    return sys._getframe(2).f_code.co_filename.startswith(tuple(d + os.sep for d in dirs))
+
+
+def _answer_from(dirs: tuple[str, ...], answer: Any, original: Any) -> Any:
+    """`answer` for calls from `dirs`, torch's `original` for everyone else."""
+    @functools.wraps(answer)
+    def answered(*args: Any, **kwargs: Any) -> Any:
+        if _called_from(dirs):
+            return answer(*args, **kwargs)
+        return original(*args, **kwargs)
+
+    answered.answered_by_cpu_backend = True  # type: ignore[attr-defined]
+    return answered
 
 
 def _cuda_from_te(te_dir: str, original: Any) -> Any:
@@ -168,19 +217,25 @@ def _synchronize_from_te(te_dir: str, original: Any) -> Any:
     return synchronize
 
 
-def install(te_dir: Path) -> list[str]:
-    """Answer the queries above in torch.cuda, and TE's own `tensor.cuda()` (once per process);
-    returns what is answered. A CUDA build of torch with a device keeps its own answers."""
+def install(te_dir: Path, also: tuple[Path, ...] = ()) -> list[str]:
+    """Answer the queries above in torch.cuda, and TE's own `tensor.cuda()` (once per process),
+    for calls from `te_dir` and the directories in `also`; returns what is answered. A CUDA
+    build of torch with a device keeps its own answers."""
     if torch.cuda.is_available():
         return []
-    for name, answer in ANSWERS.items():
-        setattr(torch.cuda, name, answer)
+    if not getattr(torch.cuda.current_device, "answered_by_cpu_backend", False):
+        dirs = tuple(str(d) for d in (te_dir, *also))
+        for name, cuda_answer in ANSWERS.items():
+            setattr(torch.cuda, name, _answer_from(dirs, cuda_answer, getattr(torch.cuda, name)))
+        for name, autocast_answer in AUTOCAST_ANSWERS.items():
+            setattr(torch, name, _answer_from(dirs, autocast_answer, getattr(torch, name)))
     if not getattr(torch.Tensor.cuda, "answered_by_cpu_backend", False):
         torch.Tensor.cuda = _cuda_from_te(str(te_dir), torch.Tensor.cuda)  # type: ignore[method-assign]
         for name in FACTORIES:
             setattr(torch, name, _factory_from_te(str(te_dir), getattr(torch, name)))
         torch.cuda.Stream = _stream_from_te(str(te_dir), torch.cuda.Stream)  # type: ignore[misc, assignment]
         torch.cuda.synchronize = _synchronize_from_te(str(te_dir), torch.cuda.synchronize)
-    return ([f"torch.cuda.{name}" for name in ANSWERS]
+    return ([f"torch.cuda.{name} from the target's files" for name in ANSWERS]
+            + [f"torch.{name} (CUDA's autocast is the CPU's) from the target's files" for name in AUTOCAST_ANSWERS]
             + [f"torch.{name}(device='cuda') and torch.Tensor.cuda from the target's files" for name in FACTORIES]
             + ["torch.cuda.Stream() and torch.cuda.synchronize() from the target's files"])

@@ -91,7 +91,7 @@ def _calling_te_frame(te_dir: Path) -> str:
     return "code outside the target"
 
 
-def _missing_kernel(target: str, name: str, te_dir: Path, module: str) -> Callable[..., Any]:
+def missing_kernel(target: str, name: str, te_dir: Path, module: str) -> Callable[..., Any]:
     def kernel(*_args: Any, **_kwargs: Any) -> Any:
         raise MissingKernel(target, name, _calling_te_frame(te_dir), module)
 
@@ -168,7 +168,7 @@ def build(target: str, te_dir: Path) -> tuple[types.ModuleType, list[str]]:
         elif members - _NOT_MEMBERS:
             value = _enum(name, members, name_of_module)
         else:
-            value = _missing_kernel(target, name, te_dir, name_of_module)
+            value = missing_kernel(target, name, te_dir, name_of_module)
         setattr(module, name, value)
     for name, value in kernels.ENUMS.items():  # read through aliases the scan cannot follow
         if not hasattr(module, name):

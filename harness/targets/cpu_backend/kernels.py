@@ -15,6 +15,7 @@ device without FP8 (`device.py`), so TE only builds quantizers when a test asks 
 from __future__ import annotations
 
 import enum
+import functools
 from typing import Any
 
 import torch
@@ -104,22 +105,28 @@ def rmsnorm_fwd(input: torch.Tensor, weight: torch.Tensor, eps: float, ln_out: t
     return _store(y.to(_out_dtype(otype)), ln_out), None, rsigma
 
 
-def rmsnorm_bwd(dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor,
-                sm_margin: int, zero_centered_gamma: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """Returns (dx, dgamma) in the dtypes of x and gamma."""
+def _rmsnorm_bwd_float(dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor,
+                       zero_centered_gamma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dgamma) in float32, before the store."""
     dy, r = dz.float(), rsigma.float().unsqueeze(-1)
     x_hat = x.float() * r
     g = dy * _gamma(gamma, zero_centered_gamma)
-    dx = r * (g - x_hat * (g * x_hat).mean(-1, keepdim=True))
-    dgamma = (dy * x_hat).sum(0)
+    return r * (g - x_hat * (g * x_hat).mean(-1, keepdim=True)), (dy * x_hat).sum(0)
+
+
+def rmsnorm_bwd(dz: torch.Tensor, x: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor,
+                sm_margin: int, zero_centered_gamma: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns (dx, dgamma) in the dtypes of x and gamma."""
+    dx, dgamma = _rmsnorm_bwd_float(dz, x, rsigma, gamma, zero_centered_gamma)
     return dx.to(x.dtype), dgamma.to(gamma.dtype)
 
 
 def rmsnorm_bwd_add(dz: torch.Tensor, x: torch.Tensor, add: torch.Tensor, rsigma: torch.Tensor, gamma: torch.Tensor,
                     sm_margin: int, zero_centered_gamma: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """RMSNorm's backward with a gradient added to dx (the fused op BackwardAddRMSNorm, 2.11 on)."""
-    dx, dgamma = rmsnorm_bwd(dz, x, rsigma, gamma, sm_margin, zero_centered_gamma)
-    return (dx.float() + add.float()).to(x.dtype), dgamma
+    """RMSNorm's backward with a gradient added to dx (the fused op BackwardAddRMSNorm, 2.11 on):
+    as TE's kernel, the sum is taken in float32 and stored once (never dx rounded, then added)."""
+    dx, dgamma = _rmsnorm_bwd_float(dz, x, rsigma, gamma, zero_centered_gamma)
+    return (dx + add.float()).to(x.dtype), dgamma.to(gamma.dtype)
 
 
 def layernorm_fwd(input: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor, eps: float,
@@ -253,6 +260,112 @@ def _gated(name: str, base: str) -> tuple[Any, Any]:
     return forward, backward
 
 
+def clamped_swiglu(input: torch.Tensor, quantizer: Any, limit: float = 7.0, alpha: float = 1.702,
+                   glu_linear_offset: float = 1.0) -> torch.Tensor:
+    """GPT-OSS's SwiGLU: the gate (first half) clamped above at `limit` through
+    x * sigmoid(alpha * x), times the linear half clamped to [-limit, limit] plus the offset
+    (1.0, the only one before 2.18 added the argument)."""
+    _no_quantizer(quantizer)
+    gate, linear = input.float().chunk(2, dim=-1)
+    gate = gate.clamp(max=limit)
+    return (gate * torch.sigmoid(alpha * gate) * (linear.clamp(-limit, limit) + glu_linear_offset)).to(input.dtype)
+
+
+def clamped_dswiglu(grad: torch.Tensor, input: torch.Tensor, quantizer: Any, limit: float = 7.0,
+                    alpha: float = 1.702, glu_linear_offset: float = 1.0) -> torch.Tensor:
+    """`clamped_swiglu`'s backward: no gradient flows through a clamped element."""
+    _no_quantizer(quantizer)
+    gate, linear = input.float().chunk(2, dim=-1)
+    dy = grad.float()
+    clamped_gate = gate.clamp(max=limit)
+    sig = torch.sigmoid(alpha * clamped_gate)
+    act = clamped_gate * sig
+    dact = (sig * (1 + alpha * clamped_gate * (1 - sig))) * (gate <= limit)
+    dlinear = dy * act * ((linear >= -limit) & (linear <= limit))
+    dgate = dy * (linear.clamp(-limit, limit) + glu_linear_offset) * dact
+    return torch.cat([dgate, dlinear], dim=-1).to(input.dtype)
+
+
+def _dropout_scale(dropout_probability: float) -> float:
+    if not 0 <= dropout_probability < 1:
+        raise ValueError(f"Invalid dropout probability ({dropout_probability}).")
+    return 1 / (1 - dropout_probability)
+
+
+def dropout_fwd(input: torch.Tensor, dropout_probability: float, out: torch.Tensor | None = None
+                ) -> list[torch.Tensor]:
+    """TE's fused dropout (FP16/BF16, a multiple of 16 elements): each element draws 8 random
+    bits and is dropped when they are below floor(p * 256); kept ones are scaled by 1 / (1 - p)
+    in float32. Returns [output, mask], the mask one bit per element (1 keeps), packed 8 to a
+    byte, lowest bit first. The bits come from the CUDA generator the device answers give
+    (`torch.cuda.manual_seed` seeds it)."""
+    from harness.targets.cpu_backend.device import cuda_generator
+
+    if not isinstance(input, torch.Tensor) or input.dtype not in (torch.float16, torch.bfloat16):
+        raise NotImplementedError("dropout of an FP8 or FP32 input is not available on the CPU backend")
+    if input.numel() % 16:
+        raise ValueError(f"Input tensor number of elements must be divisible by 16, but shape is {tuple(input.shape)}.")
+    scale = _dropout_scale(dropout_probability)
+    bits = torch.randint(0, 256, (input.numel(),), generator=cuda_generator(), dtype=torch.int32)
+    keep = bits >= int(dropout_probability * 256)
+    y = (input.float().reshape(-1) * keep * scale).reshape(input.shape).to(input.dtype)
+    weights = 2 ** torch.arange(8, dtype=torch.int32)
+    mask = (keep.reshape(-1, 8).to(torch.int32) * weights).sum(-1).to(torch.uint8)
+    return [_store(y, out), mask]
+
+
+def dropout_bwd(grad_output: torch.Tensor, mask: torch.Tensor, dropout_probability: float,
+                grad_input: torch.Tensor | None = None) -> torch.Tensor:
+    """The gradient through `dropout_fwd`'s packed mask."""
+    keep = (mask.to(torch.int32).unsqueeze(-1) >> torch.arange(8, dtype=torch.int32)) & 1
+    dx = grad_output.float().reshape(-1) * keep.reshape(-1) * _dropout_scale(dropout_probability)
+    return _store(dx.reshape(grad_output.shape).to(grad_output.dtype), grad_input)
+
+
+def get_num_cublas_streams() -> int:
+    """The streams TE's grouped GEMM spreads over (each gets a workspace); one on the CPU."""
+    return 1
+
+
+def te_general_grouped_gemm(A: list[torch.Tensor], transa: bool, B: list[torch.Tensor], transb: bool,
+                            D: list[torch.Tensor] | None, D_type: Any, m_splits: list[int], bias: list[torch.Tensor],
+                            bias_type: Any, single_output: bool, pre_gelu_out: list[torch.Tensor], grad: bool,
+                            workspace: list[torch.Tensor], workspace_size: int, accumulate: bool,
+                            use_split_accumulator: bool, math_sm_count: int) -> list[torch.Tensor]:
+    """One `generic_gemm` per group: D[i] = op(B[i]) @ op(A[i]). With `single_output`, D[0]
+    holds the groups' outputs one after another by rows. A bias tensor with elements is the
+    forward's bias, or with `grad` the buffer its gradient is written into; an empty one is
+    none. Returns `bias`, as the extension does; D's tensors hold the outputs."""
+    if any(t.numel() for t in pre_gelu_out):
+        raise NotImplementedError("grouped GEMM with a GELU epilogue is not available on the CPU backend")
+    if single_output and D is None:
+        raise RuntimeError("not implemented, D should be allocated for single output case.")
+    dtype = _out_dtype(D_type)
+    outputs, row = [], 0
+    for i, (a, b) in enumerate(zip(A, B)):
+        rows = b.shape[-1] if transb else _matrix(b).shape[0]
+        cols = a.shape[0] if transa else a.shape[-1]
+        if single_output:
+            out = D[0].reshape(-1, cols)[row:row + rows]  # type: ignore[index]
+            row += rows
+        else:
+            out = D[i] if D is not None else torch.empty(rows, cols, dtype=dtype)
+        outputs.append(out)
+        has_bias = bias[i].numel() != 0
+        if a.numel() == 0 or b.numel() == 0:
+            if not accumulate:
+                out.zero_()
+            if has_bias and grad:
+                bias[i].zero_()
+            continue
+        _, bias_grad, _, _ = generic_gemm(a, transa, b, transb, out, None, D_type,
+                                          bias[i] if has_bias else None, bias_type, False, None, grad,
+                                          workspace[0], workspace_size, accumulate, use_split_accumulator)
+        if has_bias and grad:
+            bias[i].copy_(bias_grad)
+    return bias
+
+
 ACTIVATION_KERNELS = {
     f.__name__: f
     for pair in [*(_activation(n) for n in ("gelu", "relu", "silu", "qgelu", "srelu")),
@@ -260,7 +373,20 @@ ACTIVATION_KERNELS = {
     for f in pair
 }
 
+def outside_autograd(kernel: Any) -> Any:
+    """A kernel as the extension runs it: on raw memory, never recorded by autograd (it may
+    write into a view that autograd would refuse to see modified, e.g. a gradient buffer's)."""
+    @functools.wraps(kernel)
+    def compiled(*args: Any, **kwargs: Any) -> Any:
+        with torch.no_grad():
+            return kernel(*args, **kwargs)
+
+    return compiled
+
+
 # What the `transformer_engine_torch` stand-in exposes from this module.
-KERNELS = {f.__name__: f for f in (rmsnorm_fwd, rmsnorm_bwd, rmsnorm_bwd_add, layernorm_fwd, layernorm_bwd, generic_gemm)}
-KERNELS.update(ACTIVATION_KERNELS)
+KERNELS = {f.__name__: outside_autograd(f) for f in (
+    rmsnorm_fwd, rmsnorm_bwd, rmsnorm_bwd_add, layernorm_fwd, layernorm_bwd, generic_gemm, clamped_swiglu,
+    clamped_dswiglu, dropout_fwd, dropout_bwd, get_num_cublas_streams, te_general_grouped_gemm,
+    *ACTIVATION_KERNELS.values())}
 ENUMS = {c.__name__: c for c in (DType, FP8FwdTensors, FP8BwdTensors, FP8TensorMeta)}

@@ -1,0 +1,76 @@
+"""`repro upstream-tests`' pure parts: the one-line reason of a failure (read from what pytest
+wrote), and the environment upstream's CI script gives the fuser tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.runner.upstream_ci import ci_environment
+from harness.runner.upstream_failures import Failure, by_reason, explain, failures
+
+MISSING = ("harness.targets.cpu_backend.extension.MissingKernel: target te-2.13.0: "
+           "transformer_engine/pytorch/ops/basic/dropout.py:61 in op_forward called the compiled kernel "
+           "transformer_engine_torch.{}, which has no CPU stand-in")
+
+AUTOCAST_WARNING = ("In CPU autocast, but the target dtype is not supported. Disabling autocast.\n"
+                    "CPU Autocast only supports dtypes of torch.bfloat16, torch.float16 currently.")
+
+
+@pytest.mark.parametrize("message, text, warnings, reason", [
+    (MISSING.format("dropout_fwd"), "", [], ("missing kernel: transformer_engine_torch.dropout_fwd has no CPU "
+                                             "stand-in (called at transformer_engine/pytorch/ops/basic/dropout.py:61)")),
+    (MISSING.format("quantize"), "", [], ("needs FP8: transformer_engine_torch.quantize has no CPU stand-in "
+                                          "(called at transformer_engine/pytorch/ops/basic/dropout.py:61)")),
+    ("AssertionError: Torch not compiled with CUDA enabled", "", [],
+     "device call: the test reached CUDA where it asked for the CPU"),
+    ("assert torch.float16 == torch.float32", "", [AUTOCAST_WARNING],
+     ("CPU autocast: torch's CPU autocast refused the test's dtype (In CPU autocast, but the target dtype is not "
+      "supported. Disabling autocast.)")),
+    ("AssertionError: Tensor-likes are not close!", "E Mismatched elements: 1 / 64 (1.6%)\nE Greatest", [],
+     "tolerance: values beyond upstream's tolerance (Mismatched elements: 1 / 64 (1.6%))"),
+    ("assert torch.float16 == torch.float32", "", ["an unrelated warning"],
+     "difference: assert torch.float16 == torch.float32"),
+    ("", "", [], "difference: (no message)"),
+])
+def test_each_failure_has_its_reason(message: str, text: str, warnings: list[str], reason: str) -> None:
+    assert explain(message, text, warnings) == reason
+
+
+def test_failures_read_from_junit_and_grouped(tmp_path: Path) -> None:
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuites><testsuite tests="4">'
+        '<testcase classname="tests.pytorch.test_fusible_ops.TestFuser" name="test_a[x]">'
+        f'<failure message="{MISSING.format("dropout_fwd")}">trace</failure></testcase>'
+        '<testcase classname="tests.pytorch.test_fusible_ops.TestFuser" name="test_b">'
+        f'<error message="{MISSING.format("dropout_bwd")}">trace</error></testcase>'
+        '<testcase classname="tests.pytorch.test_fusible_ops.TestFuser" name="test_c">'
+        f'<failure message="{MISSING.format("dropout_fwd")}">trace</failure></testcase>'
+        '<testcase classname="tests.pytorch.test_fusible_ops.TestFuser" name="test_ok"/>'
+        '</testsuite></testsuites>')
+    found = failures(junit)
+    assert [f.test for f in found] == ["TestFuser::test_a[x]", "TestFuser::test_b", "TestFuser::test_c"]
+    assert [(n, test) for _, n, test in by_reason(found)] == [(2, "TestFuser::test_a[x]"), (1, "TestFuser::test_b")]
+    assert by_reason([]) == [] and isinstance(found[0], Failure)
+
+
+SCRIPT = """pip3 install pytest==8.2.1 || error_exit "x"
+NVTE_A=1 python3 -m pytest $TE_PATH/tests/pytorch/test_sanity.py || test_fail "test_sanity.py"
+python3 -m pytest $TE_PATH/tests/pytorch/test_fusible_ops_extra.py || test_fail "other"
+NVTE_B=2 python3 -m pytest $TE_PATH/tests/pytorch/distributed/test_fusible_ops.py || test_fail "d"
+NVTE_GROUPED_LINEAR_SINGLE_PARAM=1 NVTE_C='a b' python3 -m pytest --tb=auto $TE_PATH/tests/pytorch/test_fusible_ops.py || test_fail "f"
+"""
+
+
+def test_ci_environment_is_the_fuser_tests_line(tmp_path: Path) -> None:
+    script = tmp_path / "test.sh"
+    script.write_text(SCRIPT)
+    assert ci_environment(script) == ({"NVTE_GROUPED_LINEAR_SINGLE_PARAM": "1", "NVTE_C": "a b"},
+                                      "qa/L0_pytorch_unittest/test.sh:5")
+    script.write_text(SCRIPT.splitlines()[0] + "\npython3 -m pytest $TE_PATH/tests/pytorch/test_fusible_ops.py\n")
+    assert ci_environment(script) == ({}, "qa/L0_pytorch_unittest/test.sh:2")
+    script.write_text("\n".join(SCRIPT.splitlines()[:4]))
+    assert ci_environment(script) == ({}, "qa/L0_pytorch_unittest/test.sh does not run tests/pytorch/test_fusible_ops.py")
+    assert ci_environment(tmp_path / "absent.sh") == ({}, "no qa/L0_pytorch_unittest/test.sh in the checkout")
