@@ -75,8 +75,8 @@ def _checkout_root(tests: Path) -> Path:
 
 
 def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[str], args: argparse.Namespace,
-                       ci_env: dict[str, str]) -> tuple[dict[str, int], list[upstream_failures.Failure], int]:
-    """One target's run: its counts, its failures with their reasons, and pytest's exit status."""
+                       ci_env: dict[str, str]) -> tuple[dict[str, int], dict[str, list[upstream_failures.Failure]], int]:
+    """One target's run: its counts, its failed and skipped tests with their reasons, and pytest's exit status."""
     from harness.targets.site import exec_environment
 
     prepared = targets.prepare(spec, sources.cache_dir(args.cache_dir), args.offline)
@@ -92,8 +92,9 @@ def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[
         env = exec_environment(prepared, False, {**os.environ, **ci_env}, (tests.parent,))
         status = subprocess.run(command, cwd=tmp, env=env, check=False).returncode
         if not junit.is_file():
-            return {}, [], status
-        return _counts(junit), upstream_failures.failures(junit), status
+            return {}, {"failed": [], "skipped": []}, status
+        return (_counts(junit), {"failed": upstream_failures.failures(junit), "skipped": upstream_failures.skips(junit)},
+                status)
 
 
 def cmd_upstream_tests(args: argparse.Namespace) -> int:
@@ -104,10 +105,11 @@ def cmd_upstream_tests(args: argparse.Namespace) -> int:
 def _run_all(args: argparse.Namespace, tests: Path) -> int:
     extra = args.pytest_args[1:] if args.pytest_args[:1] == ["--"] else args.pytest_args
     ci_env, ci_where = ci_environment(_checkout_root(tests) / CI_SCRIPT)
-    rows, worst, explained = [], 0, []
+    rows, worst, explained, skipped = [], 0, [], []
     for spec in args.target:
-        counts, failed, status = run_upstream_tests(spec, tests, args.keyword, extra, args, ci_env)
-        explained += [[spec, reason, n, test] for reason, n, test in upstream_failures.by_reason(failed)]
+        counts, reasons, status = run_upstream_tests(spec, tests, args.keyword, extra, args, ci_env)
+        explained += [[spec, reason, n, test] for reason, n, test in upstream_failures.by_reason(reasons["failed"])]
+        skipped += [[spec, reason, n] for reason, n, _ in upstream_failures.by_reason(reasons["skipped"])]
         if not counts:
             rows.append([spec, "-", "-", "-", "-", f"no results (pytest exit {status})"])
             worst = max(worst, 1)
@@ -125,6 +127,9 @@ def _run_all(args: argparse.Namespace, tests: Path) -> int:
     if explained:
         print("\nfailures, each explained:")
         print(tabulate(explained, headers=["target", "why", "tests", "e.g."], tablefmt="simple"))
+    if skipped:
+        print("\nskipped, by reason:")
+        print(tabulate(skipped, headers=["target", "why", "tests"], tablefmt="simple"))
     return worst
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from harness.runner.upstream_ci import ci_environment
-from harness.runner.upstream_failures import Failure, by_reason, explain, failures
+from harness.runner.upstream_failures import Failure, by_reason, explain, failures, skips
 
 MISSING = ("harness.targets.cpu_backend.extension.MissingKernel: target te-2.13.0: "
            "transformer_engine/pytorch/ops/basic/dropout.py:61 in op_forward called the compiled kernel "
@@ -74,3 +74,14 @@ def test_ci_environment_is_the_fuser_tests_line(tmp_path: Path) -> None:
     script.write_text("\n".join(SCRIPT.splitlines()[:4]))
     assert ci_environment(script) == ({}, "qa/L0_pytorch_unittest/test.sh does not run tests/pytorch/test_fusible_ops.py")
     assert ci_environment(tmp_path / "absent.sh") == ({}, "no qa/L0_pytorch_unittest/test.sh in the checkout")
+
+
+def test_skips_keep_their_reason(tmp_path: Path) -> None:
+    junit = tmp_path / "junit.xml"
+    junit.write_text(
+        '<testsuite tests="3">'
+        '<testcase classname="t.TestA" name="x"><skipped message="Quantization is only supported on CUDA devices"/>'
+        '</testcase><testcase classname="t.TestA" name="y"><skipped message="Skipped: needs CUDA: the test"/>'
+        '</testcase><testcase classname="t.TestA" name="z"/></testsuite>')
+    assert [(f.test, f.reason) for f in skips(junit)] == [
+        ("TestA::x", "Quantization is only supported on CUDA devices"), ("TestA::y", "needs CUDA: the test")]

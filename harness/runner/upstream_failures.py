@@ -62,8 +62,24 @@ def failures(junit: Path) -> list[Failure]:
         if problem is None:
             continue
         warnings = [p.get("value", "") for p in case.iter("property") if p.get("name") == "warning"]
-        test = f"{case.get('classname', '')}::{case.get('name', '')}".rsplit(".", 1)[-1]
-        found.append(Failure(test, explain(problem.get("message", ""), problem.text or "", warnings)))
+        found.append(Failure(_name(case), explain(problem.get("message", ""), problem.text or "", warnings)))
+    return found
+
+
+def _name(case: ET.Element) -> str:
+    """`Class::test[params]`, as pytest's node id ends (junit's classname is dotted)."""
+    return f"{case.get('classname', '')}::{case.get('name', '')}".rsplit(".", 1)[-1]
+
+
+def skips(junit: Path) -> list[Failure]:
+    """Each skipped test of a junit XML file, with the reason pytest gave (upstream's own, or the
+    selection plugin's "needs CUDA")."""
+    found = []
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        skipped = case.find("skipped")
+        if skipped is not None:
+            reason = (skipped.get("message") or "(no reason)").strip().splitlines()[0]
+            found.append(Failure(_name(case), reason.removeprefix("Skipped: ")[:200]))
     return found
 
 
