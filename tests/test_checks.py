@@ -95,3 +95,17 @@ def test_megatron_wrapper_is_megatrons_own_class() -> None:
     random = import_megatron("cpu")
     assert random.CheckpointFunction.__module__ == "megatron.core.tensor_parallel.random"
     assert torch.is_tensor(random._get_cuda_rng_state())
+
+
+def test_a_case_in_low_precision_bounds_its_float32_tensors() -> None:
+    """A float32 gradient in a bfloat16 case carries bfloat16's rounding: compared at bfloat16's tolerance
+    (a fused kernel that rounds once where the unfused path rounds twice is no bug), while a wrong value
+    still fails, and a float32 case keeps float32's tolerance."""
+    from harness.engine.checks import check_gradients
+
+    expected = {"w": torch.full((8,), 0.04)}
+    rounded = {"w": expected["w"] + 2.4e-5}  # what the fused rmsnorm_bwd_add's single rounding moved it by
+    assert check_gradients(rounded, expected, torch.bfloat16) == []
+    assert check_gradients(rounded, expected, torch.float32) != []
+    assert check_gradients(rounded, expected) != []
+    assert check_gradients({"w": expected["w"] * 1.5}, expected, torch.bfloat16) != []

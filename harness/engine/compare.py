@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
+
 from cases.case import Case
 from cases.deviations import split_known
 from cases.regressions import REGRESSIONS
@@ -30,10 +32,11 @@ def _observation_differences(test: dict[str, Any], reference: dict[str, Any]) ->
 
 
 def failed_checks(test: dict[str, Any], reference: dict[str, Any], crashed: bool,
-                  label: str | None = None) -> dict[str, list[str]]:
+                  label: str | None = None, compute: torch.dtype | None = None) -> dict[str, list[str]]:
     """Each failed check's descriptions. Outputs are compared per call ("call N", or `label` for
     a scenario's steps), with their requires_grad where both sides recorded it; after a crash
-    only the caller's tensors' flags are comparable."""
+    only the caller's tensors' flags are comparable. `compute`: the dtype the case computes in,
+    which bounds how close its tensors can be (checks.tolerance_for)."""
     failed: dict[str, list[str]] = {}
     if differences := _observation_differences(test.get("observed") or {}, reference.get("observed") or {}):
         failed["observations"] = differences
@@ -46,13 +49,13 @@ def failed_checks(test: dict[str, Any], reference: dict[str, Any], crashed: bool
         flags = zip(test.get("requires_grad") or [], reference.get("requires_grad") or [])
         for call, (actual, expected) in enumerate(zip(test["outputs"], reference["outputs"])):
             what = label or f"call {call + 1}"
-            if f := checks.check_outputs(actual, expected, what):
+            if f := checks.check_outputs(actual, expected, what, compute):
                 failed.setdefault("outputs", []).extend(f)
         for call, (actual_flags, expected_flags) in enumerate(flags):
             what = label or f"call {call + 1}"
             if f := checks.check_requires_grad_flags(actual_flags, expected_flags, what):
                 failed.setdefault("output_requires_grad", []).extend(f)
-        if f := checks.check_gradients(test["grads"], reference["grads"]):
+        if f := checks.check_gradients(test["grads"], reference["grads"], compute):
             failed["gradients"] = f
     if f := checks.check_caller_tensors(test["before"], test["after"], reference["before"], reference["after"],
                                         flags_only=crashed):
@@ -83,6 +86,12 @@ def observation(outcome: Outcome, failed: dict[str, list[str]], error: dict[str,
     }
 
 
+def _compute_dtype(case: Case) -> torch.dtype | None:
+    """The dtype a case's computation runs in (its `dtype` axis), when it has one."""
+    found = getattr(torch, str(getattr(case, "dtype", "")), None)
+    return found if isinstance(found, torch.dtype) else None
+
+
 def compared(case: Case, raw: dict[str, Any], reference: dict[str, Any], version: str) -> dict[str, Any]:
     """A case's observed fields from the target's raw observation and the reference's.
     `raw`: the worker's, with its `test` side (and a `reference` side when the reference ran
@@ -94,7 +103,7 @@ def compared(case: Case, raw: dict[str, Any], reference: dict[str, Any], version
         return observation(Outcome.HARNESS_ERROR, {"reference": [REFERENCE_FAILED]}, reference["error"], started,
                            note=REFERENCE_FAILED, duration_s=duration)
     error = raw.get("error")
-    failed = failed_checks(raw["test"], reference, error is not None, raw.get("label"))
+    failed = failed_checks(raw["test"], reference, error is not None, raw.get("label"), _compute_dtype(case))
     record = checked(case, failed, error, started, raw.get("note"), version)
     record["duration_s"] = duration
     record.update(raw.get("fields") or {})
