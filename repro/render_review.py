@@ -56,6 +56,7 @@ def render_review(found: dict[str, Any], paths: dict[str, str] | None = None,
     lines += (["**What to do with each patch:**", *advice, ""] if advice else [])
     lines += _groups(found["groups"], len(found["changes"]))
     lines += bisects.strip("\n").splitlines() + [""] if bisects else []
+    lines += _upstream_tests(found.get("upstream_tests"))
     lines += _regression_details(found)
     lines += _trees(found)
     if ops:
@@ -101,6 +102,26 @@ def _regression_details(found: dict[str, Any]) -> list[str]:
             body.append(f"- with {plain(found['labels'].get(spec, spec))}: {plain(state['said'])}")
         body += [f"- {plain(line)}" for line in reg["unmet"]]
         lines += details(f"{plain(reg['id'])}: {about}" if about else plain(reg["id"]), body)
+    return lines
+
+
+UPSTREAM_TESTS_LISTED = 15  # changed upstream tests in review.md; all are in review.json
+
+
+def _upstream_tests(found: dict[str, Any] | None) -> list[str]:
+    """Upstream's own fuser tests, base's on base and head's on head: counts, and the tests whose result changed."""
+    if found is None:
+        return []
+    counts = [[side, *(found[side].get(k, "-") for k in ("passed", "failed", "skipped"))] for side in ("base", "head")]
+    lines = ["## Upstream's fuser tests (tests/pytorch/test_fusible_ops.py), base → head", "",
+             *table(["tree", "passed", "failed", "skipped"], counts), ""]
+    changed = found["changes"]
+    if not changed:
+        return [*lines, "No test changed result.", ""]
+    rows = [[code(c["test"]), c["base"], c["head"], plain(c["why"])] for c in changed[:UPSTREAM_TESTS_LISTED]]
+    lines += [f"{len(changed)} tests changed result:", "", *table(["test", "base", "head", "why (head)"], rows), ""]
+    if len(changed) > UPSTREAM_TESTS_LISTED:
+        lines += [f"and {len(changed) - UPSTREAM_TESTS_LISTED} more in review.json.", ""]
     return lines
 
 

@@ -15,6 +15,7 @@ import re
 from collections import Counter
 from typing import Any
 
+from harness.runner import upstream_diff
 from harness.runner.completeness import incomplete_reason
 from harness.runner.expectations import unmet
 from harness.runner.status import BAD, JUDGED, known_bug_counts, unjudged
@@ -140,8 +141,9 @@ def group_changes(changes: list[dict[str, Any]], regression_of: dict[str, str]) 
 
 
 def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[dict[str, Any]]],
-           accept_lost_coverage: bool = False) -> dict[str, Any]:
-    """The review as data (review.json); `assessed` holds each tree's patch assessments."""
+           accept_lost_coverage: bool = False, upstream_tests: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The review as data (review.json); `assessed` holds each tree's patch assessments;
+    `upstream_tests`, upstream's own fuser tests on both (upstream_diff.section), when run."""
     comparison = diff.compare(_only(run, base), _only(run, head), [(base, head)])
     by_id = {(r["target"], r["case_id"]): r for r in run["results"]}
     changes = [{**c.__dict__, "before_signature": diff.signature(by_id.get((base, c.case_id))),
@@ -202,12 +204,17 @@ def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[d
             warnings.append(f"{reg['id']}: head still has it, as base did: {reg['head']['said']}")
     if missing := incomplete_reason(run):
         reasons.append(missing)
+    if upstream_tests is not None:
+        upstream_reasons, upstream_warnings = upstream_diff.judged(upstream_tests["changes"])
+        reasons += upstream_reasons
+        warnings += upstream_warnings
     status = "FAIL" if reasons else "PASS"
     return {"schema": "repro.review/2", "base": base, "head": head, "labels": names, "status": status,
             "recommendation": recommendation(status, reasons, regressions, changes, same_kernels),
             "fail_reasons": reasons, "warnings": warnings, "regressions": regressions, "changes": changes,
             "groups": group_changes(changes, {}), "table": regression_rows(regressions), "compared": comparison.compared, "kernels": kernels,
-            "trees": {side: _tree(run, spec) for side, spec in (("base", base), ("head", head))}}
+            "trees": {side: _tree(run, spec) for side, spec in (("base", base), ("head", head))},
+            **({"upstream_tests": upstream_tests} if upstream_tests is not None else {})}
 
 
 def recommendation(status: str, reasons: list[str], regressions: list[dict[str, Any]],

@@ -16,7 +16,7 @@ from typing import Any
 from cases.matrix import generate, matrix_names
 from harness import targets
 from harness.errors import UsageError
-from harness.runner import rundir
+from harness.runner import rundir, upstream_diff
 from harness.runner.review import patch_assessments, patched_regressions, review_specs
 from harness.runner.sessions import CASE_TIMEOUT_S, Interrupted, run_matrix
 from harness.targets import sources
@@ -44,6 +44,12 @@ def cmd_review(args: argparse.Namespace) -> int:
     if args.base == args.head:
         raise UsageError(f"--base and --head are both {args.base}; give two trees or two revisions (path:DIR@REV)")
     validate.check_only(args.only)
+    if args.upstream_tests:
+        from repro.upstream_command import tests_of
+
+        for spec in (args.base, args.head):
+            with tests_of(spec):  # a tree without the tests is refused before anything runs
+                pass
     validate.check_fork_config(args.fork_config, [args.base, args.head])
     targets.check_available([args.base, args.head])
     planned = generate(args.matrix, args.only, args.max_cases)
@@ -71,7 +77,8 @@ def cmd_review(args: argparse.Namespace) -> int:
         progress.close()
         run["started_at"] = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
         run["elapsed_s"] = round(time.time() - started, 1)
-        found = review(run, args.base, args.head, assessed, args.accept_lost_coverage)
+        upstream = _upstream_tests(args) if args.upstream_tests else None
+        found = review(run, args.base, args.head, assessed, args.accept_lost_coverage, upstream)
         run["review"] = verdict_of(found)  # the run's own reports carry the review's verdict
         run["summary"] = summarize(run)
         rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
@@ -89,6 +96,18 @@ def cmd_review(args: argparse.Namespace) -> int:
             print(line)
     print(terminal_line(found, str(out_dir / "review.md")))
     return 0 if found["status"] == "PASS" else 1
+
+
+def _upstream_tests(args: argparse.Namespace) -> dict[str, Any]:
+    """Upstream's own fuser tests: base's on base, head's on head (repro upstream-tests), compared."""
+    from repro.upstream_command import run_upstream_tests, tests_of
+
+    runs = {}
+    for side, spec in (("base", args.base), ("head", args.head)):
+        print(f"repro review: upstream's fuser tests on {side} ({spec})", file=sys.stderr)
+        with tests_of(spec) as tests:
+            runs[side] = run_upstream_tests(spec, tests, None, ["-n", str(args.workers)], args.cache_dir, args.offline)
+    return upstream_diff.section(runs["base"], runs["head"])
 
 
 def _ops_changes(prepared: dict[str, Any], base: str, head: str) -> dict[str, Any] | None:
@@ -135,4 +154,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="cases that ran at base and not at head (stopped running) do not fail the review")
     p.add_argument("--bisect", action="store_true", help="when base and head are revisions of one repository: run"
                    " repro bisect for each changed signature and name its commit in review.md")
+    p.add_argument("--upstream-tests", action="store_true",
+                   help="also run each tree's own tests/pytorch/test_fusible_ops.py on it (both must be path: trees)"
+                        " and list the tests whose result changed; a test that fails at head and did not at base"
+                        " fails the review, unless it fails on what the CPU backend lacks")
     p.set_defaults(func=cmd_review)

@@ -20,6 +20,7 @@ import sys
 import tempfile
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from tabulate import tabulate
@@ -36,17 +37,29 @@ EXAMPLE = "example: repro upstream-tests --target path:../TransformerEngine  (or
 
 @contextlib.contextmanager
 def _tests_file(args: argparse.Namespace) -> Iterator[Path]:
-    """The test file to run: from --tests, else from the first path: target, at its revision
-    where it names one (`path:DIR@REV`: exported with git into a temporary directory)."""
-    rev = None
+    """The test file to run: from --tests, else from the first path: target."""
     if args.tests:
-        root = Path(args.tests).expanduser()
-    else:
-        paths = [targets.parse_spec(s) for s in args.target if targets.parse_spec(s).kind == "path"]
-        if not paths:
-            raise UsageError(f"no checkout to take the tests from: give --tests DIR or a path: target; {EXAMPLE}")
-        directory, rev = revisions.split(paths[0].value)
-        root = Path(directory).expanduser()
+        found = Path(args.tests).expanduser() / FUSER_TESTS
+        if not found.is_file():
+            raise UsageError(f"{args.tests} has no {FUSER_TESTS}; give a TE git checkout (the wheel ships no tests)")
+        yield found.resolve()
+        return
+    paths = [s for s in args.target if targets.parse_spec(s).kind == "path"]
+    if not paths:
+        raise UsageError(f"no checkout to take the tests from: give --tests DIR or a path: target; {EXAMPLE}")
+    with tests_of(paths[0]) as found:
+        yield found
+
+
+@contextlib.contextmanager
+def tests_of(spec: str) -> Iterator[Path]:
+    """The fuser test file of a path: tree, at its revision where it names one (`path:DIR@REV`:
+    exported with git, with upstream's CI script, into a temporary directory)."""
+    parsed = targets.parse_spec(spec)
+    if parsed.kind != "path":
+        raise UsageError(f"{spec} is not a checkout (the wheel ships no tests); give path:DIR or path:DIR@REV")
+    directory, rev = revisions.split(parsed.value)
+    root = Path(directory).expanduser()
     if rev is not None:
         with tempfile.TemporaryDirectory(prefix="repro-upstream-tests-") as tmp:
             exported = revisions.export_path(root, rev, str(Path(FUSER_TESTS).parent), Path(tmp))
@@ -74,14 +87,28 @@ def _checkout_root(tests: Path) -> Path:
     return tests.parents[len(Path(FUSER_TESTS).parts) - 1]
 
 
-def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[str], args: argparse.Namespace,
-                       ci_env: dict[str, str]) -> tuple[dict[str, int], dict[str, list[upstream_failures.Failure]], int]:
-    """One target's run: its counts, its failed and skipped tests with their reasons, and pytest's exit status."""
+@dataclass
+class UpstreamRun:
+    """One target's run of the fuser tests: pytest's exit status, and from its junit XML the
+    counts, each test's outcome, and the failed and skipped tests with their reasons (empty
+    when pytest wrote none)."""
+
+    status: int
+    counts: dict[str, int] = field(default_factory=dict)
+    outcomes: dict[str, str] = field(default_factory=dict)
+    failed: list[upstream_failures.Failure] = field(default_factory=list)
+    skipped: list[upstream_failures.Failure] = field(default_factory=list)
+
+
+def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[str], cache_dir: str | None,
+                       offline: bool) -> UpstreamRun:
+    """One target's run of `tests`, with upstream's CI environment of the checkout they come from."""
     from harness.targets.site import exec_environment
 
-    prepared = targets.prepare(spec, sources.cache_dir(args.cache_dir), args.offline)
+    prepared = targets.prepare(spec, sources.cache_dir(cache_dir), offline)
     if prepared.patch_status == "conflict":
         raise UsageError(f"target {prepared.spec}: patch {prepared.patch} does not apply; pick another target")
+    ci_env, _ = ci_environment(_checkout_root(tests) / CI_SCRIPT)
     with tempfile.TemporaryDirectory(prefix="repro-upstream-") as tmp:
         junit = Path(tmp) / "junit.xml"
         command = [sys.executable, "-m", "pytest", str(tests), *(["-k", keyword] if keyword else []),
@@ -92,9 +119,9 @@ def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[
         env = exec_environment(prepared, False, {**os.environ, **ci_env}, (tests.parent,))
         status = subprocess.run(command, cwd=tmp, env=env, check=False).returncode
         if not junit.is_file():
-            return {}, {"failed": [], "skipped": []}, status
-        return (_counts(junit), {"failed": upstream_failures.failures(junit), "skipped": upstream_failures.skips(junit)},
-                status)
+            return UpstreamRun(status)
+        return UpstreamRun(status, _counts(junit), upstream_failures.outcomes(junit), upstream_failures.failures(junit),
+                           upstream_failures.skips(junit))
 
 
 def cmd_upstream_tests(args: argparse.Namespace) -> int:
@@ -107,9 +134,10 @@ def _run_all(args: argparse.Namespace, tests: Path) -> int:
     ci_env, ci_where = ci_environment(_checkout_root(tests) / CI_SCRIPT)
     rows, worst, explained, skipped = [], 0, [], []
     for spec in args.target:
-        counts, reasons, status = run_upstream_tests(spec, tests, args.keyword, extra, args, ci_env)
-        explained += [[spec, reason, n, test] for reason, n, test in upstream_failures.by_reason(reasons["failed"])]
-        skipped += [[spec, reason, n] for reason, n, _ in upstream_failures.by_reason(reasons["skipped"])]
+        result = run_upstream_tests(spec, tests, args.keyword, extra, args.cache_dir, args.offline)
+        counts, status = result.counts, result.status
+        explained += [[spec, reason, n, test] for reason, n, test in upstream_failures.by_reason(result.failed)]
+        skipped += [[spec, reason, n] for reason, n, _ in upstream_failures.by_reason(result.skipped)]
         if not counts:
             rows.append([spec, "-", "-", "-", "-", f"no results (pytest exit {status})"])
             worst = max(worst, 1)

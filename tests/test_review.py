@@ -31,6 +31,19 @@ TWO_PIPELINES = ["--matrix", "issue22", "--only", "pipeline=identity,rmsnorm", "
                  "dtype=float32", "--only", "recompute=none", "--only", "params=trainable", "--only",
                  "grad_mode=no_grad,enabled", "--only", "sequence=single", "-n", "1"]
 ISSUE22 = REGRESSIONS["issue22"]
+# Each tree's own fuser tests, in upstream's style (a device defaulting to cuda, placed on the CPU).
+UPSTREAM_STYLE_TESTS = '''
+import torch
+import transformer_engine.pytorch as te
+
+class TestBasicOps:
+    def test_identity(self, device="cuda"):
+        x = torch.arange(4.0, device=device)
+        torch.testing.assert_close(te.ops.Identity()(x), x)
+
+    def test_bias(self, device="cuda"):
+        assert te.ops.Bias(4, device=device)(torch.ones(2, 4, device=device)).shape == (2, 4)
+'''
 
 
 @pytest.fixture(scope="module")
@@ -142,16 +155,21 @@ def test_review_of_the_sync_says_drop_the_backport(fork: Fork, tmp_path: Path) -
 
 
 def test_review_lists_exactly_the_cases_one_edited_op_changes(tmp_path: Path) -> None:
+    """And with `--upstream-tests`, each tree's own tests on it: the test the edit breaks is listed with its
+    reason and fails the review; the one it leaves alone is not listed."""
     released = Path(_prepare("te-2.16.0").root)
     base, head = tmp_path / "base", tmp_path / "head"
     for tree in (base, head):
         shutil.copytree(released / "transformer_engine", tree / "transformer_engine")
+        (tree / "tests/pytorch").mkdir(parents=True)
+        (tree / "tests/pytorch/test_fusible_ops.py").write_text(UPSTREAM_STYLE_TESTS)
     identity = head / "transformer_engine/pytorch/ops/basic/identity.py"
     source = identity.read_text()
     assert source.count("        return input_\n") == 1
     identity.write_text(source.replace("        return input_\n", "        return input_ * 2\n"))
     out = tmp_path / "review"
-    result = repro("review", "--base", f"path:{base}", "--head", f"path:{head}", *TWO_PIPELINES, "--out", str(out))
+    result = repro("review", "--base", f"path:{base}", "--head", f"path:{head}", *TWO_PIPELINES, "--upstream-tests",
+                   "--out", str(out))
     assert result.returncode == 1, result.stdout + result.stderr
     found = json.loads((out / "review.json").read_text())
     run = json.loads((out / "run.json").read_text())
@@ -159,7 +177,18 @@ def test_review_lists_exactly_the_cases_one_edited_op_changes(tmp_path: Path) ->
     assert len(identity_cases) == 10 and len(run["results"]) == 40
     assert {c["case_id"] for c in found["changes"]} == identity_cases  # and no rmsnorm case
     assert {c["kind"] for c in found["changes"]} == {"new failure"}
-    assert "10 cases pass at base and fail at head" in found["fail_reasons"]
+    upstream = found["upstream_tests"]
+    assert (upstream["base"], upstream["head"]) == ({"passed": 2, "failed": 0, "skipped": 0},
+                                                    {"passed": 1, "failed": 1, "skipped": 0})
+    assert [(c["test"], c["base"], c["head"]) for c in upstream["changes"]] == [
+        ("TestBasicOps::test_identity", "passed", "failed")]
+    assert upstream["changes"][0]["why"].startswith("tolerance: values beyond upstream's tolerance")
+    broken = f"TestBasicOps::test_identity: {upstream['changes'][0]['why']}"
+    assert found["fail_reasons"] == ["10 cases pass at base and fail at head",
+                                     f"1 of upstream's fuser tests fail at head and did not at base (e.g. {broken})"]
+    review_md = (out / "review.md").read_text()
+    assert "## Upstream's fuser tests (tests/pytorch/test_fusible_ops.py), base → head" in review_md
+    assert "| `TestBasicOps::test_identity` | passed | failed | tolerance" in review_md
 
 
 # ---- repro diff ----
@@ -394,3 +423,12 @@ def test_a_refusal_that_is_the_fix_counts_as_fixed_in_the_review() -> None:
     run = {"environment": {"targets": [{"spec": "t", "roles": {"extra_state_pickle": "patched"}}]},
            "results": refused}
     assert target_state(run, "t", "extra_state_pickle")["said"] == "fixed on 2 of 2 affected cases"
+
+
+
+def test_review_with_upstream_tests_needs_checkouts(tmp_path: Path) -> None:
+    result = repro("review", "--base", "te-2.13.0", "--head", "te-2.16.0", "--upstream-tests", "--out",
+                   str(tmp_path / "review"), check_rc=2)
+    assert result.stderr.strip().splitlines() == [
+        "repro: te-2.13.0 is not a checkout (the wheel ships no tests); give path:DIR or path:DIR@REV"], result.stderr
+    assert not (tmp_path / "review").exists()

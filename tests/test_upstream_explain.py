@@ -85,3 +85,29 @@ def test_skips_keep_their_reason(tmp_path: Path) -> None:
         '</testcase><testcase classname="t.TestA" name="z"/></testsuite>')
     assert [(f.test, f.reason) for f in skips(junit)] == [
         ("TestA::x", "Quantization is only supported on CUDA devices"), ("TestA::y", "needs CUDA: the test")]
+
+
+def test_review_judges_upstream_tests_that_changed() -> None:
+    from harness.runner.upstream_diff import changes, judged
+
+    base = {"A::same": "passed", "A::broke": "passed", "A::fp8": "passed", "A::fixed": "failed",
+            "A::gone": "passed", "A::skips_now": "passed"}
+    head = {"A::same": "passed", "A::broke": "failed", "A::fp8": "failed", "A::fixed": "passed",
+            "A::skips_now": "skipped", "A::new_fails": "failed"}
+    why = {"A::broke": "difference: AssertionError", "A::fp8": "needs FP8: transformer_engine_torch.quantize ...",
+           "A::new_fails": "tolerance: values beyond upstream's tolerance"}
+    found = changes(base, head, why)
+    assert [(c["test"], c["base"], c["head"], c["why"]) for c in found] == [
+        ("A::broke", "passed", "failed", "difference: AssertionError"), ("A::fixed", "failed", "passed", ""),
+        ("A::fp8", "passed", "failed", "needs FP8: transformer_engine_torch.quantize ..."),
+        ("A::gone", "passed", "absent", ""),
+        ("A::new_fails", "absent", "failed", "tolerance: values beyond upstream's tolerance"),
+        ("A::skips_now", "passed", "skipped", "")]
+    reasons, warnings = judged(found)
+    assert reasons == [("2 of upstream's fuser tests fail at head and did not at base "
+                        "(e.g. A::broke: difference: AssertionError)")]
+    assert warnings == [
+        ("1 of upstream's fuser tests fail at head and did not at base, on what the CPU backend lacks "
+         "(e.g. A::fp8: needs FP8: transformer_engine_torch.quantize ...)"),
+        "2 of upstream's fuser tests passed at base and do not run at head (e.g. A::gone: absent)"]
+    assert judged(changes(base, base, {})) == ([], [])

@@ -86,7 +86,8 @@ def test_counts_per_target(tmp_path: Path) -> None:
     checkout = _checkout(tmp_path)
     result = repro("upstream-tests", "--tests", str(checkout), "--target", "te-2.13.0", "--target", "te-2.16.0",
                    check_rc=1)
-    table, explained = result.stdout.split("failures, each explained:")
+    table, rest = result.stdout.split("failures, each explained:")
+    explained, skips = rest.split("skipped, by reason:")
     rows = {line.split()[0]: line.split()[1:] for line in table.splitlines() if line.startswith("te-")}
     # passed: the sequential, the cpu parametrization, the cuda default placed on the CPU and the CI environment;
     # failed: on purpose, CUDA called where the CPU was given or placed, and the autocast the CPU refuses; skipped:
@@ -100,6 +101,9 @@ def test_counts_per_target(tmp_path: Path) -> None:
         (target, why, n) for target in ("te-2.13.0", "te-2.16.0") for why, n in [
             ("device call: the test reached CUDA where it asked for the CPU", "2"), (autocast, "1"),
             ("difference: AssertionError: assert 1.0 == 2.0", "1")]), explained
+    skip_rows = [re.split(r"\s{2,}", line) for line in skips.strip().splitlines()[2:]]
+    assert {(row[0], row[2]) for row in skip_rows} == {("te-2.13.0", "1"), ("te-2.16.0", "1")} and len(skip_rows) == 4
+    assert any(row[1].startswith("needs CUDA: the test takes no device") for row in skip_rows), skips
     assert sorted(p.name for p in (checkout / "tests" / "pytorch").iterdir()) == ["test_fusible_ops.py"]
 
 

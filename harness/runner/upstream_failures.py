@@ -66,6 +66,16 @@ def failures(junit: Path) -> list[Failure]:
     return found
 
 
+def outcomes(junit: Path) -> dict[str, str]:
+    """Each test of a junit XML file -> passed, failed or skipped (an error counts as failed)."""
+    found = {}
+    for case in ET.parse(junit).getroot().iter("testcase"):
+        kinds = {child.tag for child in case}
+        found[_name(case)] = ("failed" if kinds & {"failure", "error"} else "skipped" if "skipped" in kinds
+                              else "passed")
+    return found
+
+
 def _name(case: ET.Element) -> str:
     """`Class::test[params]`, as pytest's node id ends (junit's classname is dotted)."""
     return f"{case.get('classname', '')}::{case.get('name', '')}".rsplit(".", 1)[-1]
