@@ -100,6 +100,8 @@ class CaseResult(BaseModel):
     side_effects: list[str] = []  # changes to the caller's tensors, also when a crash followed
     known_deviations: list[str] = []
     fused_ops: list[str] = []  # the fused ops TE's fuser ran instead of basic ops ("backward:BackwardAddRMSNorm")
+    # CUDA calls the CPU backend answered for TE's files ("torch.cuda.synchronize() at transformer_engine/...:12")
+    device_calls: list[str] = []
     expected: str  # "affected" or "unaffected"
     predicted: str | None = None  # the symptom the matching rule predicts
     rule: str | None = None

@@ -185,9 +185,14 @@ def _warnings(run: dict[str, Any]) -> list[str]:
     return lines + [""] if lines else []
 
 
-def _targets(run: dict[str, Any]) -> list[str]:
-    """Each target's provenance, patch and role with the reason for it, folded."""
+DEVICE_CALLS_LISTED = 12  # per target in report.md; every case's are in run.json
+
+
+def _targets(run: dict[str, Any], reviewed: bool = False) -> list[str]:
+    """Each target's provenance, patch and role with the reason for it, and (a machine detail, not
+    in the verdict report) the CUDA calls the CPU backend answered for its files, folded."""
     body = []
+    answered = {} if reviewed else reports.device_calls(run)
     for target in run["environment"]["targets"]:
         facts = [f"version {code(target['version'], False)}"]
         if provenance := reports.provenance_text(target):
@@ -197,7 +202,13 @@ def _targets(run: dict[str, Any]) -> list[str]:
         body.append(f"- {code(target['spec'], False)} ({'; '.join(facts)})")
         body += [f"  - {plain(reg)}: **{plain(role)}** — {plain(why or 'no reason stored')}"
                  for spec, reg, role, why in reports.role_reasons(run) if spec == target["spec"]]
-    return details("Targets: provenance, patch and why each has its role", body)
+        if calls := answered.get(target["spec"]):
+            listed = ", ".join(f"{code(call, False)} ({n})" for call, n in calls[:DEVICE_CALLS_LISTED])
+            more = f", and {len(calls) - DEVICE_CALLS_LISTED} more in run.json" if len(calls) > DEVICE_CALLS_LISTED else ""
+            body.append(f"  - device calls the CPU backend answered for its files, each to replace in a port to "
+                        f"another device (cases): {listed}{more}")
+    title = "Targets: provenance, patch and why each has its role" + ("" if reviewed else ", device calls answered")
+    return details(title, body)
 
 
 def _frame_tables(run: dict[str, Any]) -> list[str]:
@@ -286,7 +297,7 @@ def _render(run: dict[str, Any], reviewed: bool) -> str:
     regressions = reports.regression_ids(run)
     for regression in regressions:
         lines += _grid(run, regression, len(regressions) > 1)
-    lines += _targets(run)
+    lines += _targets(run, reviewed)
     lines += _frame_tables(run) + _failures(run) + _environment(run, reviewed)
     if run.get("perf") and not reviewed:
         lines += render_perf(run["perf"])

@@ -247,6 +247,17 @@ def verdict_rows(run: dict[str, Any], with_time: bool) -> tuple[list[str], list[
     return headers, rows
 
 
+def device_calls(run: dict[str, Any]) -> dict[str, list[tuple[str, int]]]:
+    """Per target, each CUDA call the CPU backend answered for TE's files (with the file and line
+    that made it) and how many cases made it, most frequent first: what a port of TE to another
+    device must replace. A call TE caches is seen in the first case of each worker only."""
+    found: dict[str, Counter[str]] = {}
+    for record in run["results"]:
+        for call in record.get("device_calls") or []:
+            found.setdefault(record["target"], Counter())[call] += 1
+    return {spec: sorted(calls.items(), key=lambda item: (-item[1], item[0])) for spec, calls in found.items()}
+
+
 def totals_rows(run: dict[str, Any], with_time: bool) -> tuple[list[str], list[list[Any]]]:
     """Per target: results, then counts by outcome and by verdict (only columns that occur)."""
     outcomes, verdicts = counts(run, "outcome"), counts(run, "verdict")

@@ -23,3 +23,13 @@ def test_smoke_matrix_end_to_end(tmp_path: Path) -> None:
                      "te-2.20.2": "fixed_upstream"}
     crash = next(r for r in run["results"] if r["target"] == "te-2.13.0" and r["outcome"] == "crash")
     assert crash["error"]["location"].startswith("transformer_engine/pytorch/ops/fuser.py:")
+    # The CUDA calls the CPU backend answered for TE's files, per case, with TE's file and line; listed per
+    # target in report.md (a machine detail: the verdict report leaves it out).
+    calls = {call for r in run["results"] for call in r.get("device_calls") or []}
+    assert any(c.startswith("torch.is_autocast_enabled() at transformer_engine/pytorch/ops/") for c in calls), calls
+    assert all(" at transformer_engine/pytorch/" in c for c in calls), calls
+    report = (tmp_path / "report.md").read_text()
+    answered = next(line for line in report.splitlines() if "device calls the CPU backend answered" in line)
+    assert "`torch.is_autocast_enabled() at transformer_engine/pytorch/ops/" in answered, answered
+    verdict = repro("report", str(tmp_path), "--format", "verdict-md", check_rc=0).stdout
+    assert "Device calls" not in verdict

@@ -40,10 +40,12 @@ and, after import (`answer_te_device_queries`), one of TE's helpers:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
 import types
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -121,7 +123,10 @@ AUTOCAST_ANSWERS = {f.__name__: f for f in (is_autocast_enabled, get_autocast_dt
 def _cpu_by_default(canonicalize: Any) -> Any:
     @functools.wraps(canonicalize)
     def canonicalize_device(device: Any = None) -> torch.device:
-        return torch.device("cpu") if device is None else canonicalize(device)
+        if device is None:
+            _note("canonicalize_device(None)")
+            return torch.device("cpu")
+        return canonicalize(device)
 
     return canonicalize_device
 
@@ -148,6 +153,32 @@ def answer_te_device_queries(modules: dict[str, types.ModuleType]) -> list[str]:
     return answered
 
 
+# The answered calls of the case being observed, when one is (`answered_calls`).
+_answered: set[str] | None = None
+
+
+@contextlib.contextmanager
+def answered_calls() -> Iterator[set[str]]:
+    """Collects each call the CPU backend answers for the target's files while it is open, as
+    `torch.cuda.synchronize() at transformer_engine/pytorch/ops/op.py:123`: what a port of TE
+    to another device must replace, and what could hide a bug on a host without CUDA."""
+    global _answered
+    outer, _answered = _answered, set()
+    try:
+        yield _answered
+    finally:
+        _answered = outer
+
+
+def _note(call: str) -> None:
+    """Record the answered `call` with the file and line that made it (the caller of the answer)."""
+    if _answered is not None:
+        frame = sys._getframe(2)
+        where = frame.f_code.co_filename
+        marker = where.rfind(os.sep + "transformer_engine" + os.sep)
+        _answered.add(f"{call} at {where[marker + 1:] if marker >= 0 else Path(where).name}:{frame.f_lineno}")
+
+
 def _called_from(te_dir: str | tuple[str, ...]) -> bool:
     """Whether the caller of the function calling this is one of the target's own files
     (or under one of the directories given)."""
@@ -160,6 +191,7 @@ def _answer_from(dirs: tuple[str, ...], answer: Any, original: Any) -> Any:
     @functools.wraps(answer)
     def answered(*args: Any, **kwargs: Any) -> Any:
         if _called_from(dirs):
+            _note(f"{original.__module__}.{original.__name__}()")
             return answer(*args, **kwargs)
         return original(*args, **kwargs)
 
@@ -170,6 +202,7 @@ def _answer_from(dirs: tuple[str, ...], answer: Any, original: Any) -> Any:
 def _cuda_from_te(te_dir: str, original: Any) -> Any:
     def cuda(self: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         if _called_from(te_dir):
+            _note("Tensor.cuda()")
             return self
         return original(self, *args, **kwargs)
 
@@ -188,6 +221,7 @@ def _factory_from_te(te_dir: str, original: Any) -> Any:
     @functools.wraps(original)
     def factory(*args: Any, **kwargs: Any) -> torch.Tensor:
         if _is_cuda(kwargs.get("device")) and _called_from(te_dir):
+            _note(f"torch.{original.__name__}(device='cuda')")
             kwargs["device"] = "cpu"
         return original(*args, **kwargs)
 
@@ -199,6 +233,7 @@ def _stream_from_te(te_dir: str, original: type) -> type:
     class Stream(original):  # type: ignore[misc, valid-type]  # still a type: isinstance and annotations work
         def __new__(cls, *args: Any, **kwargs: Any) -> Any:
             if _called_from(te_dir):
+                _note("torch.cuda.Stream()")
                 return torch.cpu.Stream()
             return super().__new__(cls, *args, **kwargs)
 
@@ -212,6 +247,8 @@ def _synchronize_from_te(te_dir: str, original: Any) -> Any:
     def synchronize(*args: Any, **kwargs: Any) -> None:
         if not _called_from(te_dir):
             original(*args, **kwargs)
+        else:
+            _note("torch.cuda.synchronize()")
 
     synchronize.answered_by_cpu_backend = True  # type: ignore[attr-defined]
     return synchronize
