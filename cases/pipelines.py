@@ -9,24 +9,35 @@ features a release must have for the pipeline to mean what its reference says.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-import torch.nn.functional as F
+# torch only where a pipeline is built or computed: every `repro` command reads this catalogue,
+# and importing torch costs it two seconds.
+if TYPE_CHECKING:
+    import torch
 
 HIDDEN = 16
-Tensors = Sequence[torch.Tensor]
+Tensors = Sequence["torch.Tensor"]
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     x32 = x.float()
-    return (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps) * weight.float()).to(x.dtype)
+    return (x32 * (x32.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()).to(x.dtype)
 
 
 def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    import torch.nn.functional as F
+
     return F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), 1e-5).to(x.dtype)
+
+
+def _gelu(x: torch.Tensor) -> torch.Tensor:
+    import torch.nn.functional as F
+
+    return F.gelu(x, approximate="tanh")
 
 
 @dataclass(frozen=True)
@@ -69,11 +80,25 @@ def ops_used(info: PipelineInfo) -> set[str]:
     return set(recorder)
 
 
-class Tanh(torch.nn.Module):
-    """A plain torch module: it splits a te.ops.Sequential into two fuser groups."""
+@functools.cache
+def _tanh_class() -> type:
+    import torch
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.tanh(x)
+    class Tanh(torch.nn.Module):
+        """A plain torch module: it splits a te.ops.Sequential into two fuser groups."""
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return torch.tanh(x)
+
+    Tanh.__module__ = __name__
+    return Tanh
+
+
+def __getattr__(name: str) -> Any:
+    """`pipelines.Tanh`, the class, made on first use (it needs torch)."""
+    if name == "Tanh":
+        return _tanh_class()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _add_in_place(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -152,8 +177,8 @@ PIPELINES: dict[str, PipelineInfo] = {
         ),
         PipelineInfo(
             "split_fuser", "[MakeExtraOutput, torch.nn.Tanh-like module, RMSNorm]: two fuser groups",
-            lambda o, k: [o["MakeExtraOutput"](), Tanh(), o["RMSNorm"](HIDDEN, **k)],
-            lambda x, e, p: (rms_norm(torch.tanh(x), p[0]), x), exposes_input=True,
+            lambda o, k: [o["MakeExtraOutput"](), _tanh_class()(), o["RMSNorm"](HIDDEN, **k)],
+            lambda x, e, p: (rms_norm(x.tanh(), p[0]), x), exposes_input=True,
             ops_per_group=(1, 1), makes_extra_output=True, requires=("extra_tensors_across_groups",),
             params=(("2.weight", (HIDDEN,)),),
         ),
@@ -164,7 +189,7 @@ PIPELINES: dict[str, PipelineInfo] = {
                 o["Bias"](2 * HIDDEN, **k), o["GELU"](), o["BasicLinear"](2 * HIDDEN, HIDDEN, **k), o["Bias"](HIDDEN, **k),
             ],
             lambda x, e, p: (
-                F.gelu(rms_norm(x, p[0]) @ p[1].t() + p[2], approximate="tanh") @ p[3].t() + p[4], x,
+                _gelu(rms_norm(x, p[0]) @ p[1].t() + p[2]) @ p[3].t() + p[4], x,
             ),
             exposes_input=True,
             ops_per_group=(7,), makes_extra_output=True,

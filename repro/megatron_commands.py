@@ -9,12 +9,13 @@ from tabulate import tabulate
 
 from harness import targets
 from harness.errors import UsageError
-from harness.megatron.minimal import RECOMPUTES
 from harness.megatron.source import DEFAULT_VERSION, prepare_megatron
 from harness.megatron.worker import run_in_subprocess
 
 
 def check_client_args(args: argparse.Namespace) -> None:
+    from harness.megatron.minimal import RECOMPUTES  # here: it imports torch, which the CLI does not need
+
     if args.client not in RECOMPUTES:
         raise UsageError(f"unknown client {args.client!r}; valid: {', '.join(RECOMPUTES)}")
     if args.recompute is not None and args.recompute not in RECOMPUTES[args.client]:

@@ -20,8 +20,13 @@ from cases.matrix import MAX_CASES_DEFAULT, generate, matrix_names, selections_o
 from cases.regressions import REGRESSIONS
 from harness import targets
 from harness.errors import UsageError
-from harness.megatron.loader import MEGATRON_ENV
-from harness.megatron.source import DEFAULT_VERSION, PreparedMegatron, check_megatron_spec, prepare_megatron
+from harness.megatron.source import (
+    DEFAULT_VERSION,
+    MEGATRON_ENV,
+    PreparedMegatron,
+    check_megatron_spec,
+    prepare_megatron,
+)
 from harness.model import json_schema
 from harness.runner import hosts, rundir
 from harness.runner.completeness import incomplete_reason

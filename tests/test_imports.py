@@ -80,3 +80,15 @@ def test_no_new_import_cycle() -> None:
 
 def test_the_cycle_check_sees_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [frozenset({"a", "b", "c"})]
+
+
+def test_the_cli_and_the_catalogue_import_no_torch() -> None:
+    """Every `repro` command reads the catalogue and starts its sessions before it judges: torch (two
+    seconds) is imported where a case is built, computed or judged, never by the CLI's own imports."""
+    import subprocess
+    import sys
+
+    code = ("import sys, repro.cli, cases.matrix, harness.runner.sessions, harness.bench\n"
+            "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    assert result.stdout.strip() == "[]", result.stdout[:300]

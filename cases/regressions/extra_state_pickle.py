@@ -14,15 +14,16 @@ here, so the rule declares it as a fixed behaviour, beside our own patch's refus
 from __future__ import annotations
 
 import pickle
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from cases.case import Case
 from cases.pipelines import HIDDEN, PIPELINES
 from cases.regression import Regression, Rule, Symptom
 from cases.releases import Releases
 from cases.scenario import Scenario, Steps, Trial
+
+if TYPE_CHECKING:  # torch where a case runs: the CLI reads the catalogue without it
+    import torch
 
 _EXECUTED: list[str] = []  # what the crafted pickle's payload recorded; emptied after every case
 
@@ -39,6 +40,8 @@ class _Crafted:
 
 
 def crafted_extra_state() -> torch.Tensor:
+    import torch
+
     return torch.frombuffer(bytearray(pickle.dumps(_Crafted())), dtype=torch.uint8)
 
 
@@ -49,6 +52,8 @@ def _checkpoint(state: dict[str, torch.Tensor], kind: str) -> dict[str, torch.Te
 
 
 def _trial(case: Case, target: Any) -> Trial:
+    import torch
+
     pipeline = PIPELINES[case.pipeline]
     build = target.ops["Sequential"]
     saved = build(*pipeline.build(target.ops, {"device": "cpu", "dtype": torch.float32}))

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from cases.case import Case
 from cases.pipelines import HIDDEN
 from cases.regression import Regression, Rule, Symptom
 from cases.releases import Releases
 from cases.scenario import Scenario, Steps, Trial
+
+if TYPE_CHECKING:  # torch where a case runs: the CLI reads the catalogue without it
+    import torch
 
 OPS = {"quantize": "Quantize", "identity": "Identity"}  # Identity reads no attribute of its own: the control
 
@@ -39,6 +40,8 @@ def _op_class(case: Case, target: Any) -> Any:
 
 
 def _trial(case: Case, target: Any) -> Trial:
+    import torch
+
     te = importlib.import_module("transformer_engine.pytorch")
     op_class = _op_class(case, target)
     recipe = importlib.import_module("transformer_engine.common.recipe").DelayedScaling()

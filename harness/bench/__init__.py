@@ -23,8 +23,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
-import torch
-
 from cases.case import Case
 from cases.matrix import common_exclusion, generate, parse_filters
 from cases.pipelines import PIPELINES, ops_used
@@ -33,6 +31,7 @@ from harness.bench import stats as bench_stats
 from harness.errors import UsageError
 from harness.runner import liveness
 from harness.runner.rundir import check_writable, session_name
+from harness.torch_version import torch_version
 
 SCHEMA = "repro.perf/1"
 DEFAULT_TARGETS = ("te-2.13.0", "te-2.13.0+backport", "te-2.16.0")
@@ -371,7 +370,7 @@ def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list
         "comparisons": {label: list(pair) if pair else None for label, pair in pairs.items()},
         "modes": {m: asdict(MODES[m]) for m in modes},
         "shapes": {name: asdict(SHAPES[name]) for name in shapes},
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
+        "environment": {"torch": torch_version(), "python": platform.python_version(),
                         "machine": platform.node(), "cpus": os.cpu_count()},
         "timer": (f"blocks of calls calibrated to {BLOCK_S * 1e3:g} ms after the check's two warm-up calls, at "
                   f"least {MIN_BLOCKS} blocks (one when a block outlasts it) and min_run_time per measurement, "
@@ -381,3 +380,4 @@ def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list
         "problems": problems,
         "rows": rows, "excluded": excluded,
     }
+

@@ -26,11 +26,10 @@ from typing import Any
 
 from harness.errors import FidelityError, TargetLoadError
 from harness.megatron import cpu_redirects, te_surface
-from harness.megatron.source import DEFAULT_VERSION, PreparedMegatron, prepare_megatron
+from harness.megatron.source import DEFAULT_VERSION, MEGATRON_ENV, PreparedMegatron, prepare_megatron
 from harness.targets.cpu_backend.strict import StrictModule
 from harness.targets.loader import LoadedTarget, _install, _shell
 
-MEGATRON_ENV = "TE_REPRO_MEGATRON"  # a PreparedMegatron as JSON, handed to worker processes
 # The Megatron modules the clients and the `megatron` recompute wrapper use.
 MODULES = (
     "megatron.core",

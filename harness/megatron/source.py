@@ -18,6 +18,8 @@ from pathlib import Path
 from harness.errors import UsageError
 from harness.targets.sources import Distribution, fetch_wheel, unpack_wheel, wheel_version
 
+MEGATRON_ENV = "TE_REPRO_MEGATRON"  # a PreparedMegatron as JSON, handed to worker processes
+
 PACKAGE = "megatron-core"
 DEFAULT_VERSION = "0.19.0"
 MARKER = Path("megatron/core/extensions/transformer_engine.py")  # the file the bug report's frames pass through

@@ -17,8 +17,6 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from cases.case import Case
 from cases.matrix import Selection, generate
 from cases.regression import Regression
@@ -29,6 +27,7 @@ from harness.runner import completeness, lifetime, memory, observations, rundir,
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 from harness.runner.rundir import session_name
+from harness.torch_version import torch_version
 
 CASE_TIMEOUT_S = 120
 LOAD_TIMEOUT_S = 300  # importing torch and loading a target, per worker
@@ -39,7 +38,7 @@ LARGE_SESSION = 4000  # runnable cases per target above which one session gets e
 def environment_info(prepared: list[targets.PreparedTarget], descriptions: dict[str, str],
                      roles: dict[str, dict[str, tuple[Role, str]]]) -> dict[str, Any]:
     return {
-        "torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+        "torch": torch_version(), "python": platform.python_version(), "platform": platform.platform(),
         "machine": platform.node(),
         "targets": [{**asdict(p), "description": descriptions.get(p.spec, ""),
                      "roles": {rid: role.value for rid, (role, _) in roles[p.spec].items()},

@@ -32,8 +32,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from harness.targets.cpu_backend import triton_kernels
-
 PACKAGE = "transformer_engine"
 EXTENSION = "transformer_engine_torch"  # upstream's name for the compiled PyTorch extension
 # Module-level calls in pytorch/__init__.py that load the compiled extension.
@@ -87,6 +85,9 @@ class _TritonKernelsLoader(importlib.machinery.SourceFileLoader):
         self.stand_in = stand_in
 
     def exec_module(self, module: ModuleType) -> None:
+        # Here, not at the top: the CLI imports this module for its constants and must not import torch.
+        from harness.targets.cpu_backend import triton_kernels
+
         super().exec_module(module)
         for name, value in list(vars(module).items()):
             if triton_kernels.is_jit_kernel(value):
