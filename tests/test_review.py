@@ -184,8 +184,8 @@ def test_review_lists_exactly_the_cases_one_edited_op_changes(tmp_path: Path) ->
         ("TestBasicOps::test_identity", "passed", "failed")]
     assert upstream["changes"][0]["why"].startswith("tolerance: values beyond upstream's tolerance")
     broken = f"TestBasicOps::test_identity: {upstream['changes'][0]['why']}"
-    assert found["fail_reasons"] == ["10 cases pass at base and fail at head",
-                                     f"1 of upstream's fuser tests fail at head and did not at base (e.g. {broken})"]
+    assert "10 cases pass at base and fail at head" in found["fail_reasons"]
+    assert found["fail_reasons"][-1] == f"1 of upstream's fuser tests fail at head and did not at base (e.g. {broken})"
     review_md = (out / "review.md").read_text()
     assert "## Upstream's fuser tests (tests/pytorch/test_fusible_ops.py), base → head" in review_md
     assert "| `TestBasicOps::test_identity` | passed | failed | tolerance" in review_md
@@ -430,5 +430,6 @@ def test_review_with_upstream_tests_needs_checkouts(tmp_path: Path) -> None:
     result = repro("review", "--base", "te-2.13.0", "--head", "te-2.16.0", "--upstream-tests", "--out",
                    str(tmp_path / "review"), check_rc=2)
     assert result.stderr.strip().splitlines() == [
-        "repro: te-2.13.0 is not a checkout (the wheel ships no tests); give path:DIR or path:DIR@REV"], result.stderr
+        "repro: error: te-2.13.0 is not a checkout (the wheel ships no tests); give path:DIR or path:DIR@REV"], \
+        result.stderr
     assert not (tmp_path / "review").exists()
