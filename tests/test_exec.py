@@ -146,3 +146,20 @@ def test_tes_triton_kernels_are_stood_in_at_the_boundary(tmp_path: Path) -> None
     assert lines[0] == "[[0.0, 1.0, 2.0], [18.0, 21.0, 24.0]]", lines
     assert lines[1].startswith("MissingKernel target te-2.16.0: transformer_engine/pytorch/triton/pad.py:"), lines
     assert "transformer_engine.common.triton.pad." in lines[1], lines
+
+
+def test_what_a_fork_prints_while_it_loads_goes_to_stderr(tmp_path: Path) -> None:
+    """A fork that logs to stdout at import (TransformerEngine-FL's op manager) must not reach the command's
+    stdout before its own start-up: pytest-xdist's workers answer their controller there."""
+    import shutil
+
+    released = Path(targets.prepare("te-2.13.0", sources.cache_dir()).root or "")
+    tree = tmp_path / "fork"
+    shutil.copytree(released / "transformer_engine", tree / "transformer_engine",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    init = tree / "transformer_engine" / "__init__.py"
+    init.write_text(init.read_text() + "\nprint('[fork] op manager initialized')\n")
+    result = exec_in(tmp_path, "--target", f"path:{tree}", "--", sys.executable, "-c", "print('user output')")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "user output\n"
+    assert "[fork] op manager initialized" in result.stderr

@@ -10,8 +10,10 @@ extension's kernels are stood in).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from harness.targets import PreparedTarget
@@ -54,13 +56,14 @@ def activate() -> None:
     prepared = PreparedTarget.from_json(text)
     try:
         also = tuple(Path(d) for d in os.environ.get(ANSWER_ALSO_ENV, "").split(os.pathsep) if d)
-        loaded = load(prepared, also)
-        if os.environ.get(MEGATRON_ENV):
-            # After the target: Megatron probes TE at import and must find this one; its RNG
-            # bookkeeping is pointed at the CPU generator on a CPU-only host.
-            from harness.engine.execute import import_megatron
+        with _stdout_to_stderr():
+            loaded = load(prepared, also)
+            if os.environ.get(MEGATRON_ENV):
+                # After the target: Megatron probes TE at import and must find this one; its RNG
+                # bookkeeping is pointed at the CPU generator on a CPU-only host.
+                from harness.engine.execute import import_megatron
 
-            import_megatron("cpu")
+                import_megatron("cpu")
     except (TargetLoadError, Exception) as exc:  # noqa: BLE001 — whatever a fork raises at import: one line
         # os._exit, not sys.exit: SystemExit in sitecustomize is a "Fatal Python error" with a page of output.
         what = str(exc) if isinstance(exc, TargetLoadError) else f"{type(exc).__name__}: {exc}"
@@ -71,6 +74,22 @@ def activate() -> None:
         os.environ.pop(LOADING_ENV, None)
     if prepared.backend != "native":
         expose_ops(loaded.ops)
+
+
+@contextlib.contextmanager
+def _stdout_to_stderr() -> Iterator[None]:
+    """What the target prints while it loads goes to stderr, at the file descriptor: this runs
+    before the command's own start-up, whose stdout may be a protocol (pytest-xdist's workers
+    answer their controller on it; TransformerEngine-FL logs its op manager to stdout at import)."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def expose_ops(ops: dict[str, object]) -> None:
