@@ -30,6 +30,18 @@ def test_record_names_the_fused_ops_that_ran(loaded_target, pipeline: str, dtype
     assert record["fused_ops"] == fused
 
 
+@pytest.mark.parametrize("client", ["megatron_norm", "megatron_block"])
+def test_megatron_cases_name_the_fused_ops_that_ran(loaded_target, client: str) -> None:
+    """Megatron's TEFusedResidualRMSNorm keeps TE's fused pipeline outside its children: the record still
+    reads it (one BackwardAddRMSNorm per norm that ran; the block has two layers, the reference none)."""
+    case = Case(regression="issue22", client=client, pipeline="fused_residual_rmsnorm", grad_mode="enabled",
+                input="non_leaf", params="trainable", recompute="none", sequence="single", grad_form="dense",
+                dtype="float32", device="cpu")
+    record = run_case(case, loaded_target)
+    assert record["outcome"] == "pass", record["details"]
+    assert record["fused_ops"] == ["backward:BackwardAddRMSNorm"] * (2 if client == "megatron_block" else 1)
+
+
 def test_fused_ops_come_from_tes_own_fusion_passes(loaded_target, monkeypatch: pytest.MonkeyPatch) -> None:
     """With TE's own registered passes emptied, the record says nothing was fused: it reads the fuser."""
     fuser = sys.modules["transformer_engine.pytorch.ops.fuser"].OperationFuser

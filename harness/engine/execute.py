@@ -80,6 +80,19 @@ def fused_ops_that_ran(module: Any) -> list[str]:
     return found
 
 
+def fused_ops_within(roots: tuple[Any, ...]) -> list[str]:
+    """The fused ops of every TE fuser inside `roots` (a client's modules): each submodule's own,
+    and those of the te.ops.Sequential a module keeps outside its children (TE's
+    TEFusedResidualRMSNorm holds its fused pipeline in `_fused_impl`, a one-item tuple)."""
+    found = []
+    for root in roots:
+        for module in root.modules():
+            found += fused_ops_that_ran(module)
+            for held in getattr(module, "_fused_impl", None) or ():
+                found += fused_ops_that_ran(held)
+    return found
+
+
 def set_parameters(case: Case, module: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The case's values in the module's parameters, named as the pipeline declares them (the
     reference's names); a module whose parameters are not the declared ones cannot be compared."""
@@ -115,6 +128,7 @@ def observe_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
     raw: dict[str, Any] = {}
     test: Callable[..., Any]
     describe: Callable[[BaseException], dict[str, Any]] | None
+    modules: tuple[Any, ...] = ()
     if case.client == "ops":
         module = build_module(case, target)
         params = set_parameters(case, module)
@@ -124,13 +138,14 @@ def observe_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
 
         subject = megatron_subject(case, target, seed)
         shape, test, params, describe = subject.input_shape, subject.test, subject.params, subject.describe_error
+        modules = subject.modules
         values, residual = calls.input_values(case, shape, dtype)
         reference, ref_error = calls.observe_side(case, subject.reference, calls.make_inputs(case, values, residual),
                                                   subject.reference_params, megatron)
         raw["reference"] = {"error": error_record(ref_error, None)} if ref_error else wire.pack(reference)
     values, residual = calls.input_values(case, shape, dtype)
     side, error = calls.observe_side(case, test, calls.make_inputs(case, values, residual), params, megatron)
-    fields: dict[str, Any] = {"fused_ops": fused_ops_that_ran(test)}
+    fields: dict[str, Any] = {"fused_ops": fused_ops_within(modules) if modules else fused_ops_that_ran(test)}
     if error is not None and describe is not None:
         fields.update(describe(error))
     raw.update(test=wire.pack(side), error=error_record(error, target.te_dir) if error else None, fields=fields,

@@ -40,3 +40,5 @@ class Subject:
     input_shape: tuple[int, ...]
     # Extra record fields for an error of the test side (Megatron: the frames against the report's).
     describe_error: Callable[[BaseException], dict[str, Any]] = lambda exc: {}
+    # The test side's modules, whose TE fusers the record reads the fused ops off (Megatron's block or norm).
+    modules: tuple[torch.nn.Module, ...] = ()

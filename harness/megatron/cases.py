@@ -38,5 +38,6 @@ def megatron_subject(case: Case, target: LoadedTarget, seed: int) -> Subject:
     for params in (parts.test_params, parts.reference_params):
         for p in params.values():
             p.requires_grad_(case.params == "trainable")
+    test_modules = tuple(m for name, m in parts.modules.items() if not name.startswith("reference"))
     return Subject(parts.test, parts.reference, dict(parts.test_params), dict(parts.reference_params),
-                   parts.input_shape, describe_error)
+                   parts.input_shape, describe_error, test_modules)
