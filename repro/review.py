@@ -206,7 +206,7 @@ def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[d
         reasons.append(missing)
     if upstream_tests is not None:
         upstream_reasons, upstream_warnings = upstream_diff.judged(upstream_tests["changes"])
-        reasons += upstream_reasons
+        reasons += upstream_diff.unjudged(upstream_tests) + upstream_reasons
         warnings += upstream_warnings
     status = "FAIL" if reasons else "PASS"
     return {"schema": "repro.review/2", "base": base, "head": head, "labels": names, "status": status,

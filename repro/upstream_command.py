@@ -27,7 +27,7 @@ from tabulate import tabulate
 
 from harness import targets
 from harness.errors import UsageError
-from harness.runner import upstream_failures
+from harness.runner import upstream_diff, upstream_failures
 from harness.runner.upstream_ci import CI_SCRIPT, ci_environment
 from harness.targets import revisions, sources
 
@@ -138,12 +138,13 @@ def _run_all(args: argparse.Namespace, tests: Path) -> int:
         counts, status = result.counts, result.status
         explained += [[spec, reason, n, test] for reason, n, test in upstream_failures.by_reason(result.failed)]
         skipped += [[spec, reason, n] for reason, n, _ in upstream_failures.by_reason(result.skipped)]
-        if not counts:
+        problem = upstream_diff.run_problem(counts, status)
+        if problem == "no results":
             rows.append([spec, "-", "-", "-", "-", f"no results (pytest exit {status})"])
             worst = max(worst, 1)
             continue
         # Nothing judged is never a pass: every test skipped (needs CUDA, FP8) says so, and fails.
-        verdict = "FAILED" if status else "nothing passed" if not counts["passed"] else "ok"
+        verdict = "FAILED" if status else problem or "ok"
         ran = counts["passed"] + counts["failed"]
         share = f"{100 * counts['passed'] / ran:.1f}%" if ran else "-"
         rows.append([spec, counts["passed"], counts["failed"], counts["skipped"], share, verdict])

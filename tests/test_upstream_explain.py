@@ -111,3 +111,20 @@ def test_review_judges_upstream_tests_that_changed() -> None:
          "(e.g. A::fp8: needs FP8: transformer_engine_torch.quantize ...)"),
         "2 of upstream's fuser tests passed at base and do not run at head (e.g. A::gone: absent)"]
     assert judged(changes(base, base, {})) == ([], [])
+
+
+def test_a_side_without_comparable_results_fails_the_review() -> None:
+    """Lost or empty runs are never compared into a pass: head without results, a run that ended in pytest's
+    internal error, and a side on which nothing passed each fail; two complete runs do not."""
+    from harness.runner.upstream_diff import changes, judged, unjudged
+
+    ran = {"passed": 2, "failed": 0, "skipped": 0}
+    lost = {"base": ran, "head": {}, "status": {"base": 0, "head": 3}, "changes": []}
+    assert unjudged(lost) == ["upstream's fuser tests gave no results on head (pytest exit 3)"]
+    # What the review made of it before: base's tests "do not run at head", only a warning.
+    assert judged(changes({"A::t": "passed"}, {}, {}))[0] == []
+    crashed = {**lost, "head": ran, "status": {"base": 0, "head": 3}}
+    assert unjudged(crashed) == ["upstream's fuser tests on head ended with pytest exit 3"]
+    skipped = {**lost, "head": {"passed": 0, "failed": 0, "skipped": 5}, "status": {"base": 0, "head": 0}}
+    assert unjudged(skipped) == ["none of upstream's fuser tests passed on head: nothing to compare"]
+    assert unjudged({**lost, "head": ran, "status": {"base": 0, "head": 1}}) == []

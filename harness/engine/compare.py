@@ -16,6 +16,7 @@ from cases.case import Case
 from cases.deviations import split_known
 from cases.regressions import REGRESSIONS
 from harness.engine import checks
+from harness.engine.subject import DTYPES
 from harness.model import Outcome
 
 OUTCOME_OF_CHECK = {
@@ -88,8 +89,7 @@ def observation(outcome: Outcome, failed: dict[str, list[str]], error: dict[str,
 
 def _compute_dtype(case: Case) -> torch.dtype | None:
     """The dtype a case's computation runs in (its `dtype` axis), when it has one."""
-    found = getattr(torch, str(getattr(case, "dtype", "")), None)
-    return found if isinstance(found, torch.dtype) else None
+    return DTYPES.get(str(getattr(case, "dtype", "")))
 
 
 def compared(case: Case, raw: dict[str, Any], reference: dict[str, Any], version: str) -> dict[str, Any]:

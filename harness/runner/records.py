@@ -7,7 +7,6 @@ of `harness.model.CaseResult`.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any
 
 from cases.case import Case
@@ -74,23 +73,15 @@ def observe(case: Case, spec: str, target: Any, megatron_error: str | None = Non
             gap = coverage_gap(case, target) if not own else None
             return {"observed": {**_not_run(Outcome.NOT_APPLICABLE, "applicability", why),
                                  **({"coverage_gap": gap} if gap else {})}}
-        with _device_calls_answered(target) as answered:
+        from harness.targets.cpu_backend.device import answered_calls
+
+        with answered_calls() as answered:
             raw = observe_case(case, target) if scenario.trial is None else observe_trial(case, target, scenario)
         if answered:
             raw.setdefault("fields", {})["device_calls"] = sorted(answered)
         return raw
     except Exception as exc:  # noqa: BLE001 — a failure of the harness itself, never a pass
         return {"observed": _harness_failure(exc, "the harness failed building or running the case")}
-
-
-def _device_calls_answered(target: Any) -> Any:
-    """The CPU backend's record of the device calls it answers for the target's files (none
-    on a native target, where CUDA answers them itself)."""
-    if getattr(getattr(target, "prepared", None), "backend", "") == "native":
-        return contextlib.nullcontext(set())
-    from harness.targets.cpu_backend.device import answered_calls
-
-    return answered_calls()
 
 
 def _harness_failure(exc: BaseException, note: str) -> dict[str, Any]:

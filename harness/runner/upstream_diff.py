@@ -36,8 +36,36 @@ def judged(found: list[dict[str, str]]) -> tuple[list[str], list[str]]:
 def _line(changed: list[dict[str, str]], what: str, detail: str) -> str:
     return f"{len(changed)} of upstream's fuser tests {what} (e.g. {changed[0]['test']}: {changed[0][detail]})"
 
+def unjudged(found: dict[str, Any]) -> list[str]:
+    """Fail reasons for a side whose tests cannot be compared (nothing judged is never a pass):
+    pytest wrote no results, ended other than by running the tests (exit 2 and above), or
+    passed none of them. Without this, a head whose run was lost would show only base's tests
+    as "do not run at head", a warning."""
+    said = {"no results": "upstream's fuser tests gave no results on {side} (pytest exit {status})",
+            "ended early": "upstream's fuser tests on {side} ended with pytest exit {status}",
+            "nothing passed": "none of upstream's fuser tests passed on {side}: nothing to compare"}
+    reasons = []
+    for side in ("base", "head"):
+        status = found["status"][side]
+        if problem := run_problem(found[side], status):
+            reasons.append(said[problem].format(side=side, status=status))
+    return reasons
+
+
+def run_problem(counts: dict[str, int], status: int) -> str | None:
+    """Why one run of the tests judges nothing, or None: `no results` (pytest wrote none),
+    `ended early` (pytest's exit 2 and above: interrupted, internal or usage error), or
+    `nothing passed`. `repro upstream-tests` and the review both read it from here."""
+    if not counts:
+        return "no results"
+    if status not in (0, 1):
+        return "ended early"
+    return None if counts["passed"] else "nothing passed"
+
+
 def section(base: Any, head: Any) -> dict[str, Any]:
-    """review.json's `upstream_tests`: each side's counts and the changed tests (runs as
-    repro.upstream_command.UpstreamRun)."""
+    """review.json's `upstream_tests`: each side's counts and pytest exit status, and the changed
+    tests (runs as repro.upstream_command.UpstreamRun)."""
     found = changes(base.outcomes, head.outcomes, {f.test: f.reason for f in head.failed})
-    return {"base": base.counts, "head": head.counts, "changes": found}
+    return {"base": base.counts, "head": head.counts, "status": {"base": base.status, "head": head.status},
+            "changes": found}

@@ -341,7 +341,7 @@ def te_general_grouped_gemm(A: list[torch.Tensor], transa: bool, B: list[torch.T
     if single_output and D is None:
         raise RuntimeError("not implemented, D should be allocated for single output case.")
     dtype = _out_dtype(D_type)
-    outputs, row = [], 0
+    row = 0
     for i, (a, b) in enumerate(zip(A, B)):
         rows = b.shape[-1] if transb else _matrix(b).shape[0]
         cols = a.shape[0] if transa else a.shape[-1]
@@ -350,7 +350,6 @@ def te_general_grouped_gemm(A: list[torch.Tensor], transa: bool, B: list[torch.T
             row += rows
         else:
             out = D[i] if D is not None else torch.empty(rows, cols, dtype=dtype)
-        outputs.append(out)
         has_bias = bias[i].numel() != 0
         if a.numel() == 0 or b.numel() == 0:
             if not accumulate:
@@ -372,6 +371,7 @@ ACTIVATION_KERNELS = {
                  *(_gated(n, base) for n, base in _GATED.items())]
     for f in pair
 }
+
 
 def outside_autograd(kernel: Any) -> Any:
     """A kernel as the extension runs it: on raw memory, never recorded by autograd (it may
