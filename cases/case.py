@@ -8,12 +8,19 @@ from __future__ import annotations
 from typing import Any
 
 
+# Each catalogue regression's axes, in id order, registered as the regression is declared
+# (cases/regression.py), so that a Case needs no import of the catalogue that is built from Cases.
+_AXES_OF: dict[str, tuple[str, ...]] = {}
+
+
+def register_axes(regression: str, axes: tuple[str, ...]) -> None:
+    """The first declaration of a regression id names its axes (a test's toy of the same id cannot replace them)."""
+    _AXES_OF.setdefault(regression, axes)
+
+
 def axis_names(regression: str) -> tuple[str, ...] | None:
     """The axes of a known regression, in id order; None for an unknown one."""
-    from cases.regressions import REGRESSIONS  # here: the regression modules build Cases' rules
-
-    known = REGRESSIONS.get(regression)
-    return tuple(known.axes) if known is not None else None
+    return _AXES_OF.get(regression)
 
 
 class Case:

@@ -10,74 +10,18 @@ features a release must have for the pipeline to mean what its reference says.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+from cases.generated import GENERATED
+from cases.pipeline_info import HIDDEN, PipelineInfo, Tensors, ops_used
+from cases.references import add_in_place, gelu, layer_norm, rms_norm
 
 # torch only where a pipeline is built or computed: every `repro` command reads this catalogue,
 # and importing torch costs it two seconds.
 if TYPE_CHECKING:
     import torch
 
-HIDDEN = 16
-Tensors = Sequence["torch.Tensor"]
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
-    x32 = x.float()
-    return (x32 * (x32.pow(2).mean(-1, keepdim=True) + eps).rsqrt() * weight.float()).to(x.dtype)
-
-
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    import torch.nn.functional as F
-
-    return F.layer_norm(x.float(), (x.shape[-1],), weight.float(), bias.float(), 1e-5).to(x.dtype)
-
-
-def _gelu(x: torch.Tensor) -> torch.Tensor:
-    import torch.nn.functional as F
-
-    return F.gelu(x, approximate="tanh")
-
-
-@dataclass(frozen=True)
-class PipelineInfo:
-    name: str
-    description: str
-    build: Callable[[dict[str, Any], dict[str, Any]], list[torch.nn.Module]]  # (ops, factory kwargs)
-    reference: Callable[[torch.Tensor, Tensors, Tensors], tuple[torch.Tensor, ...]]  # (x, extra inputs, params)
-    num_extra_inputs: int = 0
-    exposes_input: bool = False
-    in_place_extra_input: bool = False
-    ops_per_group: tuple[int, ...] = (1,)  # basic ops in each fuser group
-    makes_extra_output: bool = False  # MakeExtraOutput hands a tensor back beside the main output
-    extra_output_is_main_output: bool = False  # MakeExtraOutput is the last op: both outputs are one tensor
-    requires: tuple[str, ...] = ()  # op features of the target (see LoadedTarget.features)
-    # The parameters the built pipeline holds, in order, as te.ops.Sequential names them: the harness
-    # sets their values (harness.engine.calls), so the reference needs no target to know them.
-    params: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    input_shape: tuple[int, ...] = (4, HIDDEN)
-
-    @property
-    def fuser_groups(self) -> int:
-        return len(self.ops_per_group)
-
-    @property
-    def has_params(self) -> bool:
-        return bool(ops_used(self) & {"RMSNorm", "LayerNorm", "BasicLinear", "Bias"})
-
-
-def ops_used(info: PipelineInfo) -> set[str]:
-    """The target ops a pipeline builds, found by building it against a recorder."""
-
-    class Recorder(dict):
-        def __missing__(self, name: str) -> Callable[..., None]:
-            self[name] = lambda *args, **kwargs: None
-            return self[name]
-
-    recorder = Recorder()
-    info.build(recorder, {})
-    return set(recorder)
+__all__ = ["HIDDEN", "PIPELINES", "PipelineInfo", "Tensors", "layer_norm", "ops_used", "rms_norm"]
 
 
 @functools.cache
@@ -99,14 +43,6 @@ def __getattr__(name: str) -> Any:
     if name == "Tanh":
         return _tanh_class()
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def _add_in_place(x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-    """x + residual, also accumulated into the caller's residual buffer, as
-    AddExtraInput(in_place=True) does by design; gradients flow to both."""
-    total = x + residual
-    residual.detach().add_(x.detach())
-    return total
 
 
 def _norm_and_sum(total: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -149,7 +85,7 @@ PIPELINES: dict[str, PipelineInfo] = {
         PipelineInfo(
             "add_residual_rmsnorm_inplace", "[AddExtraInput(in_place=True), MakeExtraOutput, RMSNorm]",
             lambda o, k: [o["AddExtraInput"](in_place=True), o["MakeExtraOutput"](), o["RMSNorm"](HIDDEN, **k)],
-            lambda x, e, p: _norm_and_sum(_add_in_place(x, e[0]), p[0]),
+            lambda x, e, p: _norm_and_sum(add_in_place(x, e[0]), p[0]),
             num_extra_inputs=1, in_place_extra_input=True,
             ops_per_group=(3,), makes_extra_output=True, requires=("in_place_kwarg",),
             params=(("2.weight", (HIDDEN,)),),
@@ -189,7 +125,7 @@ PIPELINES: dict[str, PipelineInfo] = {
                 o["Bias"](2 * HIDDEN, **k), o["GELU"](), o["BasicLinear"](2 * HIDDEN, HIDDEN, **k), o["Bias"](HIDDEN, **k),
             ],
             lambda x, e, p: (
-                _gelu(rms_norm(x, p[0]) @ p[1].t() + p[2]) @ p[3].t() + p[4], x,
+                gelu(rms_norm(x, p[0]) @ p[1].t() + p[2]) @ p[3].t() + p[4], x,
             ),
             exposes_input=True,
             ops_per_group=(7,), makes_extra_output=True,
@@ -198,3 +134,5 @@ PIPELINES: dict[str, PipelineInfo] = {
         ),
     )
 }
+# The generated pipelines (cases/generated.py), by their own names (`gen.` and the op keys).
+PIPELINES.update(GENERATED)

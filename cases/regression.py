@@ -16,7 +16,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from cases.case import Case
+from cases.case import Case, register_axes
 from cases.releases import Releases
 from cases.scenario import Scenario
 from cases.scenarios import CALL
@@ -157,6 +157,7 @@ class Regression:
             if list(preset) != list(self.axes):
                 raise ValueError(f"regression {self.id}: preset {name} names axes {list(preset)}, "
                                  f"its axes are {list(self.axes)}")
+        register_axes(self.id, tuple(self.axes))
 
     @property
     def axes(self) -> dict[str, tuple[str, ...]]:

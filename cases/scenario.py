@@ -58,5 +58,6 @@ class Scenario:
     exclude: Callable[[Case], str | None] = never
     trial: Callable[[Case, Any], Trial] | None = None
     applicable: Callable[[Case, Any], str | None] = lambda case, target: None
-    standalone: Callable[[Case, str], str] | None = None  # (case, target spec) -> script source
+    # (case, target spec) -> script source; the call scenario's is the engine's (harness.engine.standalone)
+    standalone: Callable[[Case, str], str] | None = None
     standalone_refusal: Callable[[Case], str | None] = never  # why this case has no standalone script

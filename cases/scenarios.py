@@ -1,7 +1,7 @@
 """The shared scenario library. Today one entry: CALL, a client (a te.ops pipeline from
 cases/pipelines.py, or Megatron's own modules) called under a grad mode and a recompute
 wrapper, then a backward, against the same call on the unfused reference. The engine runs
-it itself (harness/engine/execute.py). A regression whose trigger is something else
+it itself (harness/engine/execute.py), and writes its standalone script (harness/engine/standalone.py). A regression whose trigger is something else
 brings its own `Scenario` in its module (see cases/scenario.py).
 """
 
@@ -32,12 +32,6 @@ def call_exclusion(case: Case) -> str | None:
     return client_call_exclusion(case)
 
 
-def _call_standalone(case: Case, target: str) -> str:
-    from harness.engine.standalone import render_standalone  # the engine writes the call's steps
-
-    return render_standalone(case, case.case_id, target)
-
-
 def _call_standalone_refusal(case: Case) -> str | None:
     if case.client != "ops":  # Megatron's modules are not a te.ops pipeline such a script could write out
         return (f"--standalone writes a te.ops pipeline; {case.client} runs Megatron's own modules: use "
@@ -50,6 +44,5 @@ CALL = Scenario(
     description="a client called under a grad mode and a recompute wrapper, then backward",
     axes=AXES,
     exclude=call_exclusion,
-    standalone=_call_standalone,
     standalone_refusal=_call_standalone_refusal,
 )

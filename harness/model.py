@@ -102,6 +102,9 @@ class CaseResult(BaseModel):
     fused_ops: list[str] = []  # the fused ops TE's fuser ran instead of basic ops ("backward:BackwardAddRMSNorm")
     # CUDA calls the CPU backend answered for TE's files ("torch.cuda.synchronize() at transformer_engine/...:12")
     device_calls: list[str] = []
+    # A generated pipeline's second oracle, TE's own ops one Sequential each: "agrees", "differs"
+    # (its differences are in `details`, marked) or "failed: <error type>"; None for other cases.
+    unfused_te: str | None = None
     expected: str  # "affected" or "unaffected"
     predicted: str | None = None  # the symptom the matching rule predicts
     rule: str | None = None

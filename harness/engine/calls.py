@@ -35,10 +35,13 @@ def generator(seed: int, stream: int) -> torch.Generator:
 
 
 def input_values(case: Case, shape: Sequence[int], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The caller's values and its residual's, on the case's device."""
+    """The caller's values and its residual's, on the case's device. The residual has the input's
+    shape, or the one a generated pipeline declares for the op that takes it."""
     g = generator(case_seed(case), 0)
+    pipeline = PIPELINES.get(case.get("pipeline") or "")
+    residual_shape = pipeline.extra_input_shapes[0] if pipeline and pipeline.extra_input_shapes else shape
     return (torch.randn(*shape, generator=g).to(case.device, dtype),
-            torch.randn(*shape, generator=g).to(case.device, dtype))
+            torch.randn(*residual_shape, generator=g).to(case.device, dtype))
 
 
 def parameter_values(case: Case, params: Sequence[tuple[str, Sequence[int]]], dtype: torch.dtype) -> list[torch.Tensor]:

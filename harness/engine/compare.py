@@ -25,6 +25,7 @@ OUTCOME_OF_CHECK = {
     "observations": Outcome.SIDE_EFFECT,  # a regression's own scenario: what its steps observed differs
 }
 REFERENCE_FAILED = "the unfused reference itself failed"
+UNFUSED = "fused vs unfused TE"
 
 
 def _observation_differences(test: dict[str, Any], reference: dict[str, Any]) -> list[str]:
@@ -104,7 +105,25 @@ def compared(case: Case, raw: dict[str, Any], reference: dict[str, Any], version
                            note=REFERENCE_FAILED, duration_s=duration)
     error = raw.get("error")
     failed = failed_checks(raw["test"], reference, error is not None, raw.get("label"), _compute_dtype(case))
+    unfused = None
+    if "unfused" in raw:
+        unfused = _against_unfused(case, raw, failed)
     record = checked(case, failed, error, started, raw.get("note"), version)
     record["duration_s"] = duration
     record.update(raw.get("fields") or {})
+    if unfused is not None:
+        record["unfused_te"] = unfused
     return record
+
+
+def _against_unfused(case: Case, raw: dict[str, Any], failed: dict[str, list[str]]) -> str:
+    """The second oracle of a generated case: the fused call against TE's own ops run one
+    Sequential each. Its differences join the checks' failures, marked; returns what it said."""
+    unfused = raw["unfused"]
+    if unfused.get("error") is not None:  # no second oracle for this case; the first one still judged it
+        return f"failed: {unfused['error']['type']}"
+    differences = failed_checks(raw["test"], unfused, raw.get("error") is not None, raw.get("label"),
+                                _compute_dtype(case))
+    for check, descriptions in differences.items():
+        failed.setdefault(check, []).extend(f"{UNFUSED}: {d}" for d in descriptions)
+    return "differs" if differences else "agrees"

@@ -32,6 +32,27 @@ def build_module(case: Case, target: LoadedTarget) -> torch.nn.Module:
     return target.ops["Sequential"](*PIPELINES[case.pipeline].build(target.ops, kwargs))
 
 
+def unfused_module(case: Case, target: LoadedTarget) -> tuple[torch.nn.Module, Callable[..., Any]]:
+    """The case's ops, each in a te.ops.Sequential of its own, so that no fusion pass can fire:
+    the second oracle of a generated pipeline (a difference from the fused call is the fuser's).
+    Returns the container of its parameters and the call, which routes extra inputs and
+    outputs between the groups as one Sequential does."""
+    kwargs = {"device": case.device, "dtype": DTYPES[case.dtype]}
+    ops = PIPELINES[case.pipeline].build(target.ops, kwargs)
+    groups = [target.ops["Sequential"](op) for op in ops]
+    takes = [int(getattr(op, "num_extra_inputs", 0)) for op in ops]
+
+    def call(x: torch.Tensor, *extra: torch.Tensor) -> Any:
+        extras, outputs = iter(extra), []
+        for group, count in zip(groups, takes):
+            result = group(x, *(next(extras) for _ in range(count)))
+            x, *more = result if isinstance(result, tuple) else (result,)
+            outputs += more
+        return (x, *outputs) if outputs else x
+
+    return torch.nn.ModuleList(groups), call
+
+
 def missing_features(case: Case, target: LoadedTarget) -> list[str]:
     """The op features the case's pipeline needs that the target's release lacks."""
     return [f for f in PIPELINES[case.pipeline].requires if f not in target.features]
@@ -143,6 +164,8 @@ def observe_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
         reference, ref_error = calls.observe_side(case, subject.reference, calls.make_inputs(case, values, residual),
                                                   subject.reference_params, megatron)
         raw["reference"] = {"error": error_record(ref_error, None)} if ref_error else wire.pack(reference)
+    if case.client == "ops" and PIPELINES[case.pipeline].generated:
+        raw["unfused"] = _unfused_side(case, target, shape, dtype)
     values, residual = calls.input_values(case, shape, dtype)
     side, error = calls.observe_side(case, test, calls.make_inputs(case, values, residual), params, megatron)
     fields: dict[str, Any] = {"fused_ops": fused_ops_within(modules) if modules else fused_ops_that_ran(test)}
@@ -151,6 +174,15 @@ def observe_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
     raw.update(test=wire.pack(side), error=error_record(error, target.te_dir) if error else None, fields=fields,
                duration_s=round(time.perf_counter() - started, 6))
     return raw
+
+
+def _unfused_side(case: Case, target: LoadedTarget, shape: Any, dtype: torch.dtype) -> dict[str, Any]:
+    """The unfused TE side of a generated case, packed; or {"error": ...} when it failed."""
+    container, call = unfused_module(case, target)
+    params = set_parameters(case, container)
+    values, residual = calls.input_values(case, shape, dtype)
+    side, error = calls.observe_side(case, call, calls.make_inputs(case, values, residual), params)
+    return {"error": error_record(error, target.te_dir)} if error is not None else wire.pack(side)
 
 
 def reference_for(case: Case, raw: dict[str, Any]) -> dict[str, Any]:

@@ -186,7 +186,7 @@ def standalone_refusal(case: Case) -> str | None:
     from cases.regressions import REGRESSIONS
 
     scenario = REGRESSIONS[case.regression].scenario
-    if scenario.standalone is None:
+    if scenario.trial is not None and scenario.standalone is None:
         return f"--standalone: the {scenario.name} scenario of {case.regression} has no standalone form; use --script"
     return scenario.standalone_refusal(case)
 
@@ -197,6 +197,8 @@ def write_standalone(case: Case, target: str) -> str:
 
     if refusal := standalone_refusal(case):
         raise UsageError(refusal)
-    standalone = REGRESSIONS[case.regression].scenario.standalone
-    assert standalone is not None
-    return standalone(case, target)
+    scenario = REGRESSIONS[case.regression].scenario
+    if scenario.trial is None:  # the engine's own call scenario: written here
+        return render_standalone(case, case.case_id, target)
+    assert scenario.standalone is not None
+    return scenario.standalone(case, target)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cases.opdb import OPS
 from harness.engine.frames import innermost_te_frame
 from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
@@ -43,6 +44,9 @@ OLD_NAMES = {"AddExtraInput": "AddInPlace"}
 # TE's compute ops the cases build, from te.ops, and the te.pytorch modules Megatron subclasses.
 COMPUTE_OPS = ("RMSNorm", "LayerNorm", "BasicLinear", "Bias", "GELU", "ReLU", "SwiGLU")
 TE_MODULES = ("RMSNorm", "LayerNorm")
+# The op database's ops (cases/opdb.py), for the generated pipelines; kept apart from the ops the
+# catalogue's pipelines name, which a target's description lists.
+DATABASE_OPS = tuple(dict.fromkeys(info.op for info in OPS.values()))
 # The basic ops upstream's te.ops has held (2.1-2.20), by class name. A BasicOperation subclass of
 # another name in a tree's te.ops is the fork's own: where one of ours is missing, it may be that op renamed.
 UPSTREAM_BASIC_OPS = frozenset({
@@ -250,12 +254,24 @@ def _load_cpu(prepared: PreparedTarget, answer_also: tuple[Path, ...]) -> Loaded
             te_ops.append(name)
         else:
             missing[name] = f"{prepared.spec}'s te.ops has no {name}"
+    _add_database_ops(prepared.spec, te_ops_module, ops, missing)
     modules = {name: getattr(te, name) for name in TE_MODULES if hasattr(te, name)}
     return LoadedTarget(prepared, ops, te_ops, missing, te_dir, op_features(ops), te_modules=modules,
                         kernel_standins=[f"{module.__name__}.{k}" for k in stood_in],
                         extension_names=len(extension.extension_names(te_dir)),
                         kernels=kernel_provider(module, len(stood_in), len(extension.extension_names(te_dir))),
                         unknown_ops=own_basic_ops(te_ops_module, op_module.BasicOperation))
+
+
+def _add_database_ops(spec: str, te_ops_module: Any, ops: dict[str, Any], missing: dict[str, str]) -> None:
+    """The op database's ops te.ops holds, beside the catalogue's; each one it lacks, with why."""
+    for name in DATABASE_OPS:
+        if name in ops or name in missing:
+            continue
+        if hasattr(te_ops_module, name):
+            ops[name] = getattr(te_ops_module, name)
+        else:
+            missing[name] = f"{spec}'s te.ops has no {name}"
 
 
 def kernel_provider(standin: types.ModuleType, standins: int, names: int) -> str:
@@ -321,6 +337,7 @@ def load_native(prepared: PreparedTarget) -> LoadedTarget:
             ops[name] = getattr(te.ops, name)
         else:
             missing[name] = f"te.ops has no {name}"
+    _add_database_ops(prepared.spec, te.ops, ops, missing)
     te_dir = Path(te.__file__ or "").resolve().parent.parent
     return LoadedTarget(prepared, ops, [n for n in names if n in ops], missing, te_dir, op_features(ops),
                         kernels="the native extension", unknown_ops=own_basic_ops(te.ops, te.ops.BasicOperation))
