@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-
 # Each catalogue regression's axes, in id order, registered as the regression is declared
 # (cases/regression.py), so that a Case needs no import of the catalogue that is built from Cases.
 _AXES_OF: dict[str, tuple[str, ...]] = {}

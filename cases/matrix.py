@@ -15,6 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from cases.case import Case
+from cases.generated import keys_of, valid
 from cases.regression import Regression
 from cases.regressions import REGRESSIONS
 from harness.errors import UsageError
@@ -23,6 +24,7 @@ MAX_CASES_DEFAULT = 20000
 # Presets of issue 22 that predate the regression catalogue keep their names.
 ISSUE22_PRESETS = {"smoke": "smoke", "full": "full"}
 ALL = "all"
+GENERATED = "generated"  # cases/generated_matrix.py: not a regression, so not in `all`
 
 
 def common_exclusion(case: Case) -> str | None:
@@ -95,23 +97,31 @@ def select(regression: Regression, preset: str, only: list[str] | None = None) -
     return Selection(regression, cases, excluded)
 
 
-def generate(matrix: str, only: list[str] | None = None, max_cases: int = MAX_CASES_DEFAULT,
-             preset: str = "default") -> list[Selection]:
-    """The selections a `--matrix` name stands for: one regression's preset (`preset` where
-    it declares one, else its default), an issue-22 preset (smoke, full), or every
-    regression (all)."""
+def _chosen(name: str, preset: str) -> list[tuple[Regression, str]]:
+    """The regressions, each with its preset, that one matrix name stands for."""
     def preset_of(regression: Regression) -> str:
         return preset if preset in regression.presets else "default"
 
-    if matrix == ALL:
-        chosen = [(regression, preset_of(regression)) for regression in REGRESSIONS.values()]
-    elif matrix in REGRESSIONS:
-        chosen = [(REGRESSIONS[matrix], preset_of(REGRESSIONS[matrix]))]
-    elif matrix in ISSUE22_PRESETS:
-        chosen = [(REGRESSIONS["issue22"], ISSUE22_PRESETS[matrix])]
-    else:
-        raise UsageError(f"unknown matrix {matrix!r}; valid: {', '.join(matrix_names())}")
-    selections = [select(regression, preset, only) for regression, preset in chosen]
+    if name == ALL:  # the catalogue's regressions; the generated matrix is joined by name (all,generated)
+        return [(regression, preset_of(regression)) for rid, regression in REGRESSIONS.items() if rid != GENERATED]
+    if name in REGRESSIONS:
+        return [(REGRESSIONS[name], preset_of(REGRESSIONS[name]))]
+    if name in ISSUE22_PRESETS:
+        return [(REGRESSIONS["issue22"], ISSUE22_PRESETS[name])]
+    raise UsageError(f"unknown matrix {name!r}; valid: {', '.join(matrix_names())}, or several joined with commas")
+
+
+def generate(matrix: str, only: list[str] | None = None, max_cases: int = MAX_CASES_DEFAULT,
+             preset: str = "default") -> list[Selection]:
+    """The selections a `--matrix` value stands for: one regression's preset (`preset` where
+    it declares one, else its default), an issue-22 preset (smoke, full), every catalogued
+    regression (all), or several of these joined with commas (all,generated); a regression named
+    twice runs once, with its first preset."""
+    chosen: dict[str, tuple[Regression, str]] = {}
+    for name in matrix.split(","):
+        for regression, its_preset in _chosen(name.strip(), preset):
+            chosen.setdefault(regression.id, (regression, its_preset))
+    selections = [select(regression, its_preset, only) for regression, its_preset in chosen.values()]
     count = sum(len(s.cases) for s in selections)
     if count > max_cases:
         raise UsageError(f"selection has {count} cases, above the cap of {max_cases}; "
@@ -120,6 +130,13 @@ def generate(matrix: str, only: list[str] | None = None, max_cases: int = MAX_CA
         raise UsageError(f"the selection of matrix {matrix} with --only {' '.join(only or [])} holds no valid case; "
                          "see `repro list --matrix " + matrix + "` for the values it has")
     return selections
+
+
+def _any_generated(axis: str, value: str, known: tuple[str, ...]) -> bool:
+    """A valid sequence of the op database's keys, on an axis that holds generated pipelines:
+    any such sequence names a pipeline (what `repro shrink` tries), not only the matrix's."""
+    keys = keys_of(value) if axis == "pipeline" and any(keys_of(v) for v in known) else None
+    return keys is not None and valid(keys)
 
 
 def selections_of(case_ids: list[str]) -> list[Selection]:
@@ -138,7 +155,7 @@ def selections_of(case_ids: list[str]) -> list[Selection]:
         except ValueError:
             raise UsageError(f"{case_id!r} is not a case id; expected {regression_id}:" + "-".join(axes)) from None
         for axis, value in case.axes().items():
-            if value not in axes[axis]:
+            if value not in axes[axis] and not _any_generated(axis, value, axes[axis]):
                 raise UsageError(f"case {case_id}: {axis}={value} is not a value of that axis; "
                                  f"valid: {', '.join(axes[axis])}")
         if reason := exclusion(case):

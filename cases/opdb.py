@@ -73,7 +73,8 @@ OPS: dict[str, OpInfo] = {info.key: info for info in (
            lambda x, extra, params: (ref.add_in_place(x, extra[0]), ()), extra_inputs=1,
            in_place_extra_input=True, requires=("in_place_kwarg",)),
     OpInfo("scale", "ConstantScale", lambda o, w, k: o["ConstantScale"](0.5), _same(lambda x: x * 0.5)),
-    OpInfo("dropout", "Dropout", lambda o, w, k: o["Dropout"](0.0), _same(lambda x: x)),  # p=0: deterministic
+    # p=0: deterministic; a new tensor, as TE's Dropout returns (Identity hands its input back)
+    OpInfo("dropout", "Dropout", lambda o, w, k: o["Dropout"](0.0), _same(lambda x: x.clone())),
     OpInfo("rmsnorm", "RMSNorm", lambda o, w, k: o["RMSNorm"](w, **k),
            lambda x, extra, params: (ref.rms_norm(x, params[0]), ()), params=lambda w: (("weight", (w,)),)),
     OpInfo("layernorm", "LayerNorm", lambda o, w, k: o["LayerNorm"](w, **k),

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from cases.generated import GENERATED
+from cases.generated import GENERATED, keys_of, pipeline_of, valid
 from cases.pipeline_info import HIDDEN, PipelineInfo, Tensors, ops_used
 from cases.references import add_in_place, gelu, layer_norm, rms_norm
 
@@ -53,7 +53,25 @@ def _twice(y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return y, y
 
 
-PIPELINES: dict[str, PipelineInfo] = {
+class Pipelines(dict[str, PipelineInfo]):
+    """The catalogue by name. A generated pipeline's name that is not in the generated matrix
+    (a shorter sequence `repro shrink` tries) is built on first use from its op keys."""
+
+    def __missing__(self, name: str) -> PipelineInfo:
+        keys = keys_of(name)
+        if keys is None or not valid(keys):
+            raise KeyError(name)
+        self[name] = pipeline_of(keys)
+        return self[name]
+
+    def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
+        try:
+            return self[name]
+        except KeyError:
+            return default
+
+
+PIPELINES = Pipelines({
     p.name: p
     for p in (
         PipelineInfo(
@@ -133,6 +151,6 @@ PIPELINES: dict[str, PipelineInfo] = {
                     ("5.weight", (HIDDEN, 2 * HIDDEN)), ("6.bias", (HIDDEN,))),
         ),
     )
-}
+})
 # The generated pipelines (cases/generated.py), by their own names (`gen.` and the op keys).
 PIPELINES.update(GENERATED)

@@ -162,15 +162,17 @@ def build_parser() -> argparse.ArgumentParser:
     from repro import (
         bench_commands,
         bisect_command,
+        coverage_command,
         exec_command,
         report_commands,
         review_commands,
         run_commands,
+        shrink_command,
         upstream_command,
     )
 
     for commands in (run_commands, report_commands, exec_command, bench_commands, review_commands, upstream_command,
-                     bisect_command):
+                     bisect_command, coverage_command, shrink_command):
         commands.add_parsers(sub, common)
     for name, subparser in sub.choices.items():
         subparser.formatter_class = HelpFormatter

@@ -109,3 +109,17 @@ def test_a_case_in_low_precision_bounds_its_float32_tensors() -> None:
     assert check_gradients(rounded, expected, torch.float32) != []
     assert check_gradients(rounded, expected) != []
     assert check_gradients({"w": expected["w"] * 1.5}, expected, torch.bfloat16) != []
+
+
+def test_a_gradient_is_as_exact_as_the_gradients_it_is_made_of() -> None:
+    """bfloat16: an element that cancels to near zero may be off by a rounding of the largest
+    upstream gradient (a fused kernel rounds once where the unfused path rounds twice); an error
+    of the terms' own size is still caught."""
+    from harness.engine.checks import check_gradients
+
+    expected = {"w": torch.tensor([[12.0, 0.01], [3.0, -5.0]], dtype=torch.bfloat16), "b": torch.ones(2, dtype=torch.bfloat16)}
+    one_ulp = {**expected, "w": expected["w"] + torch.tensor([[0.0, 0.0625], [0.0, 0.0]], dtype=torch.bfloat16)}
+    assert check_gradients(one_ulp, expected, torch.bfloat16) == []
+    wrong = {**expected, "w": expected["w"] + torch.tensor([[0.0, 1.0], [0.0, 0.0]], dtype=torch.bfloat16)}
+    [failure] = check_gradients(wrong, expected, torch.bfloat16)
+    assert failure.startswith("grad of w: Tensor-likes are not close!") and "Greatest absolute difference: 0.99" in failure

@@ -131,7 +131,8 @@ def render_standalone(case: Case, case_id: str, target: str) -> str:
     ]
     args = ["x"]
     if info.num_extra_inputs:
-        lines.append(f"residual = torch.randn(4, {HIDDEN}, device=DEVICE, dtype=DTYPE).requires_grad_({wants_grad})")
+        shape = ", ".join(str(n) for n in (info.extra_input_shapes or [(4, HIDDEN)])[0])
+        lines.append(f"residual = torch.randn({shape}, device=DEVICE, dtype=DTYPE).requires_grad_({wants_grad})")
         args.append("residual")
     callers = args + (["base"] if case.input in ("non_leaf", "view", "detached") else [])
     lines += [
