@@ -19,7 +19,7 @@ import random
 from typing import TYPE_CHECKING, Any
 
 from cases.opdb import OPS, fusion_windows
-from cases.pipeline_info import HIDDEN, PipelineInfo
+from cases.pipeline_info import BATCH, HIDDEN, PipelineInfo
 
 if TYPE_CHECKING:
     import torch
@@ -28,7 +28,6 @@ PREFIX = "gen."
 SEED = 22
 LONGER = 24
 MAX_WINDOW_PIPELINE = 3
-BATCH = 4  # rows of the input, as the hand-written pipelines
 
 
 def name_of(keys: tuple[str, ...]) -> str:
@@ -68,7 +67,7 @@ def pipeline_of(keys: tuple[str, ...]) -> PipelineInfo:
     infos = [OPS[k] for k in keys]
     params = tuple((f"{i}.{suffix}", shape) for i, (info, w) in enumerate(zip(infos, sizes))
                    for suffix, shape in info.params(w))
-    extra_shapes = tuple((BATCH, w) for info, w in zip(infos, sizes) for _ in range(info.extra_inputs))
+    extra_shapes = tuple(info.extra_shape(w) for info, w in zip(infos, sizes) for _ in range(info.extra_inputs))
 
     def build(ops: dict[str, Any], factory: dict[str, Any]) -> list[Any]:
         return [info.construct(ops, w, factory) for info, w in zip(infos, sizes)]

@@ -59,6 +59,15 @@ def known_axes(regressions: list[Regression]) -> dict[str, tuple[str, ...]]:
     return axes
 
 
+LISTED = 24  # values an error names before it points at `repro list`
+
+
+def _listed(values: tuple[str, ...]) -> str:
+    if len(values) <= LISTED:
+        return ", ".join(values)
+    return ", ".join(values[:LISTED]) + f", ... ({len(values)} in all; `repro list --matrix NAME` shows them)"
+
+
 def parse_filters(only: list[str] | None, regressions: list[Regression] | None = None) -> dict[str, tuple[str, ...]]:
     """`--only axis=v1,v2` into {axis: values}, checked against the regressions' axes (every
     regression's when none are given); an axis given twice is refused."""
@@ -73,7 +82,7 @@ def parse_filters(only: list[str] | None, regressions: list[Regression] | None =
         chosen = tuple(v for v in values.split(",") if v)
         unknown = [v for v in chosen if v not in axes[axis]]
         if unknown or not chosen:
-            raise UsageError(f"unknown {axis} value {','.join(unknown) or '(none)'}; valid: {', '.join(axes[axis])}")
+            raise UsageError(f"unknown {axis} value {','.join(unknown) or '(none)'}; valid: {_listed(axes[axis])}")
         filters[axis] = chosen
     return filters
 

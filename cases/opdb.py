@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cases import references as ref
-from cases.pipeline_info import HIDDEN
+from cases.pipeline_info import BATCH, HIDDEN
 
 if TYPE_CHECKING:
     import torch
@@ -34,6 +34,7 @@ class OpInfo:
     params: Callable[[int], Shapes] = lambda width: ()  # parameter name suffixes and shapes, in order
     out_width: Callable[[int], int | None] = lambda width: width  # None: the op cannot take this width
     extra_inputs: int = 0
+    extra_shape: Callable[[int], tuple[int, ...]] = lambda width: (BATCH, width)  # of its extra input
     extra_outputs: int = 0
     in_place_extra_input: bool = False  # accumulates into the caller's extra input
     exposes_input: bool = False  # hands its input tensor back as an output
@@ -54,6 +55,14 @@ def _unary(key: str, op: str, function: Callable[[torch.Tensor], torch.Tensor]) 
 
 def _gated(key: str, op: str, activation: str) -> OpInfo:
     return OpInfo(key, op, lambda o, w, k: o[op](), _same(lambda x: ref.gated(activation, x)), out_width=_halved)
+
+
+def _row_scaled(key: str, op: str, function: Callable[[torch.Tensor], torch.Tensor],
+                out_width: Callable[[int], int | None] = lambda width: width, **kwargs: Any) -> OpInfo:
+    """An activation of TE's grouped MLP: its extra input holds one scale per row."""
+    return OpInfo(key, op, lambda o, w, k: o[op](**kwargs),
+                  lambda x, extra, params: (ref.row_scaled(function(x), extra[0]), ()),
+                  out_width=out_width, extra_inputs=1, extra_shape=lambda width: (BATCH,))
 
 
 def _linear(x: torch.Tensor, extra: Any, params: list[torch.Tensor]) -> tuple[torch.Tensor, tuple[()]]:
@@ -99,6 +108,12 @@ OPS: dict[str, OpInfo] = {info.key: info for info in (
     _gated("swiglu", "SwiGLU", "silu"),
     OpInfo("clamped_swiglu", "ClampedSwiGLU", lambda o, w, k: o["ClampedSwiGLU"](limit=7.0, alpha=1.702),
            _same(ref.clamped_swiglu), out_width=_halved),
+    OpInfo("situglu", "SiTUGLU", lambda o, w, k: o["SiTUGLU"](), _same(ref.situ_glu), out_width=_halved),
+    _row_scaled("scaled_swiglu", "ScaledSwiGLU", lambda x: ref.gated("silu", x), _halved),
+    _row_scaled("scaled_situglu", "ScaledSiTUGLU", ref.situ_glu, _halved),
+    _row_scaled("scaled_clamped_qgeglu", "ScaledClampedQGeGLU", ref.clamped_swiglu, _halved),
+    _row_scaled("scaled_srelu", "ScaledSReLU", ref.srelu),
+    _row_scaled("scaled_tanh_srelu", "ScaledTanhSReLU", lambda x: ref.tanh_srelu(x, 2.0), tanh_clamp_scale=2.0),
 )}
 
 # TE's basic ops the database has no entry for, and why (an op of a target in neither is
@@ -110,9 +125,6 @@ NOT_COVERED: dict[str, str] = {
     "AddInPlace": "AddExtraInput's name before 2.7, in place by design: the database's add_in entries need the"
                   " in_place keyword",
     "GroupedLinear": "its extra input is the split sizes (integers), which the generated call does not make yet",
-    **dict.fromkeys(("ScaledSwiGLU", "ScaledSReLU", "ScaledTanhSReLU", "ScaledSiTUGLU", "ScaledClampedQGeGLU"),
-                    "takes per-token scales as an extra input, which the generated call does not make yet"),
-    "SiTUGLU": "no plain-PyTorch reference in the database yet",
 }
 
 # TE's activation ops its backward activation-bias pass fuses (`_fused_activations`).

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     import torch
 
 HIDDEN = 16
+BATCH = 4  # rows of every pipeline's input
 Tensors = Sequence["torch.Tensor"]
 PARAMETER_OPS = frozenset({"RMSNorm", "LayerNorm", "BasicLinear", "Bias"})
 
@@ -33,7 +34,7 @@ class PipelineInfo:
     # The parameters the built pipeline holds, in order, as te.ops.Sequential names them: the harness
     # sets their values (harness.engine.calls), so the reference needs no target to know them.
     params: tuple[tuple[str, tuple[int, ...]], ...] = ()
-    input_shape: tuple[int, ...] = (4, HIDDEN)
+    input_shape: tuple[int, ...] = (BATCH, HIDDEN)
     # Generated pipelines only (cases/generated.py): the op database's keys, in order, and the
     # shape of each extra input.
     op_keys: tuple[str, ...] = ()

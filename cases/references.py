@@ -75,6 +75,26 @@ def clamped_swiglu(x: torch.Tensor, limit: float = 7.0, alpha: float = 1.702) ->
     return (gate * torch.sigmoid(alpha * gate) * (linear.clamp(-limit, limit) + 1.0)).to(x.dtype)
 
 
+def situ_glu(x: torch.Tensor, beta1: float = 4.0, beta2: float = 25.0) -> torch.Tensor:
+    """Kimi K3's SiTU-GLU, as TE's SiTUGLU computes it with its defaults."""
+    import torch
+
+    gate, linear = x.float().chunk(2, dim=-1)
+    return (beta1 * torch.tanh(gate / beta1) * torch.sigmoid(gate) * beta2 * torch.tanh(linear / beta2)).to(x.dtype)
+
+
+def tanh_srelu(x: torch.Tensor, cap: float) -> torch.Tensor:
+    """ScaledTanhSReLU before its scales: relu soft-clamped by tanh at `cap`, squared."""
+    import torch
+
+    return (cap * torch.tanh(x.float().relu() / cap)).square().to(x.dtype)
+
+
+def row_scaled(y: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """Each row of `y` times its scale (the grouped MLP's scaled activations), stored once."""
+    return (y.float() * scales.float().unsqueeze(-1)).to(y.dtype)
+
+
 ACTIVATIONS = {"gelu": gelu, "qgelu": qgelu, "relu": relu, "srelu": srelu, "silu": silu, "sigmoid": sigmoid}
 
 

@@ -166,3 +166,16 @@ def test_a_broken_fusion_and_backward_are_found_by_the_review_and_shrunk(tmp_pat
 
     listed = repro("coverage", str(out), "--target", f"path:{repo}@{head}", check_rc=0).stdout
     assert "BackwardAddRMSNorm           reached" in listed and "UserbuffersForwardLinear" in listed
+
+
+def test_a_kernel_the_backend_lacks_is_a_harness_error_never_a_regression() -> None:
+    from harness.engine.compare import compared
+
+    case = _case("gen.gelu")
+    missing = {"type": "MissingKernel", "message": "target te-x: ops/basic/activation.py:9 in f called the compiled "
+               "kernel transformer_engine_torch.gelu, which has no CPU stand-in", "location": None}
+    side = {"outputs": [], "requires_grad": [], "before": {}, "after": {}, "grads": {}}
+    record = compared(case, {"test": side, "error": missing}, side, "2.13.0")
+    assert record["outcome"] == "harness_error" and "cannot run this case" in record["note"]
+    crashed = compared(case, {"test": side, "error": {**missing, "type": "RuntimeError"}}, side, "2.13.0")
+    assert crashed["outcome"] == "crash"

@@ -26,6 +26,8 @@ OUTCOME_OF_CHECK = {
 }
 REFERENCE_FAILED = "the unfused reference itself failed"
 UNFUSED = "fused vs unfused TE"
+# Errors the CPU backend raises where it stands in for what it lacks (harness/targets/cpu_backend/extension.py).
+BACKEND_LIMITS = ("MissingKernel",)
 
 
 def _observation_differences(test: dict[str, Any], reference: dict[str, Any]) -> list[str]:
@@ -104,6 +106,9 @@ def compared(case: Case, raw: dict[str, Any], reference: dict[str, Any], version
         return observation(Outcome.HARNESS_ERROR, {"reference": [REFERENCE_FAILED]}, reference["error"], started,
                            note=REFERENCE_FAILED, duration_s=duration)
     error = raw.get("error")
+    if error is not None and error.get("type") in BACKEND_LIMITS:  # the harness's gap, never TE's failure
+        note = f"the CPU backend cannot run this case: {error['message'].splitlines()[0] if error['message'] else ''}"
+        return observation(Outcome.HARNESS_ERROR, {"harness": [note]}, error, started, note=note, duration_s=duration)
     failed = failed_checks(raw["test"], reference, error is not None, raw.get("label"), _compute_dtype(case))
     unfused = None
     if "unfused" in raw:

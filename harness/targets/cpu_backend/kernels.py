@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 
+from harness.targets.cpu_backend.glu_kernels import GLU_KERNELS
+
 
 class DType(enum.IntEnum):
     """`transformer_engine_torch.DType`: the members and values of TE's C enum `NVTEDType`
@@ -388,5 +390,5 @@ def outside_autograd(kernel: Any) -> Any:
 KERNELS = {f.__name__: outside_autograd(f) for f in (
     rmsnorm_fwd, rmsnorm_bwd, rmsnorm_bwd_add, layernorm_fwd, layernorm_bwd, generic_gemm, clamped_swiglu,
     clamped_dswiglu, dropout_fwd, dropout_bwd, get_num_cublas_streams, te_general_grouped_gemm,
-    *ACTIVATION_KERNELS.values())}
+    *ACTIVATION_KERNELS.values(), *GLU_KERNELS)}
 ENUMS = {c.__name__: c for c in (DType, FP8FwdTensors, FP8BwdTensors, FP8TensorMeta)}
