@@ -96,6 +96,7 @@ def pipeline_of(keys: tuple[str, ...]) -> PipelineInfo:
         input_shape=(BATCH, HIDDEN),
         op_keys=keys,
         extra_input_shapes=extra_shapes,
+        fixed_extra_input=next((i.fixed_extra for i in infos if i.fixed_extra is not None), None),
     )
 
 

@@ -21,6 +21,7 @@ from cases.pipeline_info import BATCH, HIDDEN
 if TYPE_CHECKING:
     import torch
 
+GROUPS, SPLIT_SIZES = 2, (1, 3)  # GroupedLinear's groups and the rows each takes (of BATCH)
 Shapes = tuple[tuple[str, tuple[int, ...]], ...]
 OpReference = Callable[..., "tuple[torch.Tensor, tuple[torch.Tensor, ...]]"]  # (x, extra inputs, params)
 
@@ -35,6 +36,7 @@ class OpInfo:
     out_width: Callable[[int], int | None] = lambda width: width  # None: the op cannot take this width
     extra_inputs: int = 0
     extra_shape: Callable[[int], tuple[int, ...]] = lambda width: (BATCH, width)  # of its extra input
+    fixed_extra: tuple[int, ...] | None = None  # its extra input's integer values (split sizes), not random
     extra_outputs: int = 0
     in_place_extra_input: bool = False  # accumulates into the caller's extra input
     exposes_input: bool = False  # hands its input tensor back as an output
@@ -63,6 +65,16 @@ def _row_scaled(key: str, op: str, function: Callable[[torch.Tensor], torch.Tens
     return OpInfo(key, op, lambda o, w, k: o[op](**kwargs),
                   lambda x, extra, params: (ref.row_scaled(function(x), extra[0]), ()),
                   out_width=out_width, extra_inputs=1, extra_shape=lambda width: (BATCH,))
+
+
+def _grouped_linear(x: torch.Tensor, extra: Any, params: list[torch.Tensor]) -> tuple[torch.Tensor, tuple[()]]:
+    """Each group of rows (the split sizes) through its own weight and bias."""
+    import torch
+
+    weights, biases = params[:GROUPS], params[GROUPS:]
+    rows = x.float().split([int(n) for n in extra[0].tolist()])
+    out = [r @ w.float().t() + b.float() for r, w, b in zip(rows, weights, biases)]
+    return torch.cat(out).to(x.dtype), ()
 
 
 def _linear(x: torch.Tensor, extra: Any, params: list[torch.Tensor]) -> tuple[torch.Tensor, tuple[()]]:
@@ -108,6 +120,11 @@ OPS: dict[str, OpInfo] = {info.key: info for info in (
     _gated("swiglu", "SwiGLU", "silu"),
     OpInfo("clamped_swiglu", "ClampedSwiGLU", lambda o, w, k: o["ClampedSwiGLU"](limit=7.0, alpha=1.702),
            _same(ref.clamped_swiglu), out_width=_halved),
+    OpInfo("grouped_linear", "GroupedLinear", lambda o, w, k: o["GroupedLinear"](GROUPS, w, HIDDEN, **k),
+           _grouped_linear, out_width=lambda w: HIDDEN, extra_inputs=1, extra_shape=lambda w: (GROUPS,),
+           fixed_extra=SPLIT_SIZES,
+           params=lambda w: (*((f"weight{g}", (HIDDEN, w)) for g in range(GROUPS)),
+                             *((f"bias{g}", (HIDDEN,)) for g in range(GROUPS)))),
     OpInfo("situglu", "SiTUGLU", lambda o, w, k: o["SiTUGLU"](), _same(ref.situ_glu), out_width=_halved),
     _row_scaled("scaled_swiglu", "ScaledSwiGLU", lambda x: ref.gated("silu", x), _halved),
     _row_scaled("scaled_situglu", "ScaledSiTUGLU", ref.situ_glu, _halved),
@@ -124,7 +141,6 @@ NOT_COVERED: dict[str, str] = {
     **dict.fromkeys(("Quantize", "CastFloat8"), "casts to FP8 only under fp8_autocast, which a device without FP8 refuses"),
     "AddInPlace": "AddExtraInput's name before 2.7, in place by design: the database's add_in entries need the"
                   " in_place keyword",
-    "GroupedLinear": "its extra input is the split sizes (integers), which the generated call does not make yet",
 }
 
 # TE's activation ops its backward activation-bias pass fuses (`_fused_activations`).

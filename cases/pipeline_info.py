@@ -39,6 +39,7 @@ class PipelineInfo:
     # shape of each extra input.
     op_keys: tuple[str, ...] = ()
     extra_input_shapes: tuple[tuple[int, ...], ...] = ()
+    fixed_extra_input: tuple[int, ...] | None = None  # the extra input's integer values (split sizes), not random
 
     @property
     def fuser_groups(self) -> int:

@@ -53,7 +53,7 @@ def parameter_values(case: Case, params: Sequence[tuple[str, Sequence[int]]], dt
     for name, shape in params:
         if len(shape) > 1:
             value = (torch.rand(*shape, generator=g) * 2 - 1) / math.sqrt(shape[-1])
-        elif name.endswith("bias"):
+        elif name.rsplit(".", 1)[-1].startswith("bias"):
             value = 0.1 * torch.randn(*shape, generator=g)
         else:
             value = 1 + 0.1 * torch.randn(*shape, generator=g)
@@ -117,7 +117,10 @@ def make_inputs(case: Case, values: torch.Tensor, residual: torch.Tensor) -> dic
     else:  # detached
         tensors["base"] = values.clone().requires_grad_()
         tensors["x"] = (tensors["base"] * 1).detach()
-    if case.get("pipeline") and PIPELINES[case.pipeline].num_extra_inputs:
+    pipeline = PIPELINES[case.pipeline] if case.get("pipeline") else None
+    if pipeline is not None and pipeline.fixed_extra_input is not None:  # integers (split sizes): no gradient
+        tensors["residual"] = torch.tensor(pipeline.fixed_extra_input, device=case.device)
+    elif pipeline is not None and pipeline.num_extra_inputs:
         tensors["residual"] = residual.clone().requires_grad_(wants_grad)
     return tensors
 

@@ -132,7 +132,10 @@ def render_standalone(case: Case, case_id: str, target: str) -> str:
     args = ["x"]
     if info.num_extra_inputs:
         shape = ", ".join(str(n) for n in (info.extra_input_shapes or [(4, HIDDEN)])[0])
-        lines.append(f"residual = torch.randn({shape}, device=DEVICE, dtype=DTYPE).requires_grad_({wants_grad})")
+        if info.fixed_extra_input is not None:  # integers (split sizes)
+            lines.append(f"residual = torch.tensor({list(info.fixed_extra_input)}, device=DEVICE)")
+        else:
+            lines.append(f"residual = torch.randn({shape}, device=DEVICE, dtype=DTYPE).requires_grad_({wants_grad})")
         args.append("residual")
     callers = args + (["base"] if case.input in ("non_leaf", "view", "detached") else [])
     lines += [
