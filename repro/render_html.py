@@ -148,7 +148,8 @@ def render_html(run: dict[str, Any]) -> str:
     csp = (f"default-src 'none'; script-src {_csp_hash(js)}; style-src {_csp_hash(css)}; img-src data:;"
            " base-uri 'none'; form-action 'none'")
     groups = [{**g, "command": reports.show_command(g["example"]["case_id"], g["example"]["target"],
-                                                    g["example"].get("standalone"))}
+                                                    g["example"].get("standalone")),
+               "shrink": reports.shrink_command(g["example"]["case_id"], g["example"]["target"])}
               for g in reports.failure_groups(run)]
     environment = {"torch": "?", "python": "?", "platform": "?", "machine": "?", **run["environment"]}
     summary = reports.summarize(run)

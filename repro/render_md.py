@@ -242,7 +242,8 @@ def _failures(run: dict[str, Any]) -> list[str]:
              ", ".join(f"{code(t)} {n}" for t, n in g["targets"]),
              code(_example_command(g))] for g in groups]
     full = [f"- {g['count']} {code(g['type'], False)} at {code(g['location'] or '(no TE frame)', False)}:"
-            f" {code(_clip(g['message'], 400), False)}; e.g. {code(_example_command(g), False)}"
+            f" {code(_clip(g['message'], 400), False)}; e.g. {code(_example_command(g), False)};"
+            f" shrink it: {code(reports.shrink_command(g['example']['case_id'], g['example']['target']), False)}"
             for g in groups[:SIGNATURES_DETAILED]]
     if len(groups) > SIGNATURES_DETAILED:
         full.append(f"- and {len(groups) - SIGNATURES_DETAILED} more signatures: see report.html")

@@ -396,6 +396,11 @@ def show_command(case_id: str, target: str, standalone: bool | None = None) -> s
     return shlex.join(["repro", "show", case_id, "--target", target, "--script", *(["--standalone"] * standalone)])
 
 
+def shrink_command(case_id: str, target: str) -> str:
+    """The command that reduces the case to a minimal one failing the same way (`repro shrink`)."""
+    return shlex.join(["repro", "shrink", case_id, "--target", target])
+
+
 def reproduce_command(case_id: str, target: str, standalone: bool) -> str:
     """Write the reproducer and run it: the standalone one through `repro exec`, else the harness's script."""
     run = shlex.join(["repro", "exec", "--target", target, "--", "python", "case.py"]) if standalone else "python case.py"
