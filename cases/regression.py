@@ -165,12 +165,12 @@ class Regression:
 
     @property
     def first_affected(self) -> str | None:
-        bound = self.affected.lower_bound()
+        bound = self.affected.lower_bound() if self.rules else None  # no rule: no bug to have been affected by
         return str(bound) if bound else None
 
     @property
     def first_fixed(self) -> str | None:
-        bound = self.affected.first_fixed()
+        bound = self.affected.first_fixed() if self.rules else None
         return str(bound) if bound else None
 
     def predict(self, case: Case) -> Prediction:

@@ -27,6 +27,9 @@ def regression_headline(run: dict[str, Any], regression: str) -> list[str]:
         if role:
             specs_by_role.setdefault(role, []).append(target["spec"])
     lines = []
+    if not any(r["expected"] == "affected" for r in results if r["regression"] == regression):
+        lines += _without_predictions(results, regression)  # e.g. the generated matrix: the roles say nothing
+        specs_by_role = {}
     for spec in specs_by_role.get(Role.UNPATCHED.value, []):
         affected = [r for r in _ran(results, spec, regression).values() if r["expected"] == "affected"]
         reproduced = sum(r["verdict"] == Verdict.REPRODUCED.value for r in affected)
@@ -75,6 +78,17 @@ def regression_headline(run: dict[str, Any], regression: str) -> list[str]:
     bad = Counter(r["verdict"] for r in results if r["regression"] == regression and r["verdict"] in BAD_VERDICTS)
     lines.append("no other failure, regression, harness error or unexpected pass" if not bad else
                  "ATTENTION: " + ", ".join(f"{n} {v}" for v, n in sorted(bad.items())))
+    return lines
+
+
+def _without_predictions(results: list[dict[str, Any]], regression: str) -> list[str]:
+    """Where no case is predicted to fail: how many that ran behave as their references, per target."""
+    lines = []
+    for spec in dict.fromkeys(r["target"] for r in results if r["regression"] == regression):
+        ran = _ran(results, spec, regression)
+        passed = sum(r["outcome"] == Outcome.PASS.value for r in ran.values())
+        lines.append(f"{spec}: {passed} of {len(ran)} cases that ran behave as their references (none is predicted"
+                     " to fail)")
     return lines
 
 
