@@ -261,6 +261,9 @@ def _environment(run: dict[str, Any], reviewed: bool) -> list[str]:
     env = run["environment"]
     body = [] if reviewed else [(f"torch {code(env.get('torch'))}, Python {code(env.get('python'))}, platform"
                                  f" {code(env.get('platform'))}, machine {code(env.get('machine'))}"), ""]
+    if env.get("device_calls_refused"):
+        body += [("TE's CUDA calls were refused during the cases (`--refuse-device-calls`), as on a host without"
+                  " CUDA; each shows as a crash `DeviceCallRefused` naming its TE file and line."), ""]
     headers = ["target", "role", "version", "fuser.py", "patch", "backend", "source", "ops"]
     rows = [[code(t["spec"]), plain(reports.role_text(run, t["spec"])), code(t["version"]), code(t["fuser_sha"]),
              plain(reports.patch_text(t)), plain(t["backend"]),

@@ -34,6 +34,7 @@ from harness.runner.expectations import all_unmet
 from harness.runner.sessions import CASE_TIMEOUT_S, LOAD_TIMEOUT_S, Interrupted, run_matrix
 from harness.runner.textsafe import printable
 from harness.targets import sources
+from harness.targets.site import REFUSE_ENV
 from repro import rerun, validate
 from repro.formats import check_step_summary, write_all_formats
 from repro.progress import Progress, print_status_line
@@ -120,6 +121,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     rundir.check_run_dir(out_dir)
     check_step_summary(out_dir)
     megatron = megatron_for_run(args.megatron, planned, out_dir, cache, args.offline)
+    if getattr(args, "refuse_device_calls", False):  # the sessions' workers inherit it
+        os.environ[REFUSE_ENV] = "1"
     with rundir.claim(out_dir), megatron_env(megatron):
         progress = Progress()  # each target's line appears once the runner has planned it
         started = time.time()
@@ -265,6 +268,10 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
                    help="with a remote --tx: one more directory for xdist to copy to the workers (the harness and "
                    "the session's case file are copied already); repeatable")
     p.add_argument("--perf", action="store_true", help="also benchmark the matrix (as repro bench) into the reports")
+    p.add_argument("--refuse-device-calls", action="store_true",
+                   help="during each case, refuse the CUDA calls of TE's files (torch.cuda.*, .cuda(), CUDA"
+                   " factories) as a host without CUDA does, instead of answering them; each shows as a crash"
+                   " DeviceCallRefused naming the call and its TE file and line")
     p.add_argument("--case-timeout", type=validate.timeout_seconds, default=CASE_TIMEOUT_S,
                    help="seconds (above 0) before a case is recorded as hung; its worker is ended if it does not stop")
     p.add_argument("--load-timeout", type=validate.timeout_seconds, default=LOAD_TIMEOUT_S,

@@ -179,3 +179,19 @@ def test_a_kernel_the_backend_lacks_is_a_harness_error_never_a_regression() -> N
     assert record["outcome"] == "harness_error" and "cannot run this case" in record["note"]
     crashed = compared(case, {"test": side, "error": {**missing, "type": "RuntimeError"}}, side, "2.13.0")
     assert crashed["outcome"] == "crash"
+
+
+def test_refused_device_calls_show_where_te_needs_cuda(tmp_path: Path) -> None:
+    """The same cases answered (they pass) and refused (each crashes naming TE's CUDA call and line)."""
+    selection = ["--matrix", "generated", "--targets", "te-2.13.0", "--only", "pipeline=gen.linear.bias", "--only",
+                 "dtype=float32", "--only", "grad_mode=enabled", "--only", "grad_form=dense", "-n", "1"]
+    repro("run", *selection, "--out", str(tmp_path / "answered"), check_rc=0)
+    repro("run", *selection, "--refuse-device-calls", "--out", str(tmp_path / "refused"), check_rc=1)
+    answered, refused = (reports.load_run(tmp_path / name) for name in ("answered", "refused"))
+    assert "device_calls_refused" not in answered["environment"] and refused["environment"]["device_calls_refused"]
+    assert {r["outcome"] for r in answered["results"]} == {"pass"}
+    assert any("torch.cuda." in call for r in answered["results"] for call in r["device_calls"])
+    errors = [r["error"] for r in refused["results"]]
+    assert errors and all(e["type"] == "DeviceCallRefused" for e in errors)
+    assert all(" at transformer_engine/pytorch/" in e["message"] for e in errors)
+    assert "CUDA calls were refused" in (tmp_path / "refused" / "report.md").read_text()

@@ -27,6 +27,7 @@ from harness.runner import completeness, lifetime, memory, observations, rundir,
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 from harness.runner.rundir import session_name
+from harness.targets.site import REFUSE_ENV
 from harness.torch_version import torch_version
 
 CASE_TIMEOUT_S = 120
@@ -40,6 +41,8 @@ def environment_info(prepared: list[targets.PreparedTarget], descriptions: dict[
     return {
         "torch": torch_version(), "python": platform.python_version(), "platform": platform.platform(),
         "machine": platform.node(),
+        # `repro run --refuse-device-calls`: TE's CUDA calls were refused during the cases, not answered
+        **({"device_calls_refused": True} if os.environ.get(REFUSE_ENV) == "1" else {}),
         "targets": [{**asdict(p), "description": descriptions.get(p.spec, ""),
                      "roles": {rid: role.value for rid, (role, _) in roles[p.spec].items()},
                      "role_reasons": {rid: why for rid, (_, why) in roles[p.spec].items()}} for p in prepared],

@@ -51,6 +51,8 @@ from typing import Any
 
 import torch
 
+from harness.targets.site import REFUSE_ENV
+
 CAPABILITY = (8, 0)
 NAME = "CPU backend (no FP8): compute capability 8.0"
 _generator = torch.Generator()
@@ -155,6 +157,12 @@ def answer_te_device_queries(modules: dict[str, types.ModuleType]) -> list[str]:
 
 # The answered calls of the case being observed, when one is (`answered_calls`).
 _answered: set[str] | None = None
+# What `REFUSE_ENV` refuses: the CUDA calls, not the autocast state queries.
+REFUSED_CALLS = ("torch.cuda.", "Tensor.cuda()", "device='cuda'", "canonicalize_device(None)")
+
+
+class DeviceCallRefused(RuntimeError):
+    """A CUDA call from the target's files during a case, refused (REFUSE_ENV)."""
 
 
 @contextlib.contextmanager
@@ -176,7 +184,10 @@ def _note(call: str) -> None:
         frame = sys._getframe(2)
         where = frame.f_code.co_filename
         marker = where.rfind(os.sep + "transformer_engine" + os.sep)
-        _answered.add(f"{call} at {where[marker + 1:] if marker >= 0 else Path(where).name}:{frame.f_lineno}")
+        seen = f"{call} at {where[marker + 1:] if marker >= 0 else Path(where).name}:{frame.f_lineno}"
+        _answered.add(seen)
+        if os.environ.get(REFUSE_ENV) == "1" and any(kind in call for kind in REFUSED_CALLS):
+            raise DeviceCallRefused(f"{seen}: refused, as a host without CUDA would (--refuse-device-calls)")
 
 
 def _called_from(te_dir: str | tuple[str, ...]) -> bool:
