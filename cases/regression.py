@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from packaging.version import InvalidVersion, Version
@@ -84,10 +84,26 @@ class Rule:
     # The same bug where another behaviour of the release hides the symptom's first sign
     # (still this rule's prediction, each with its own description).
     also_seen_as: tuple[Symptom, ...] = ()
+    # The symptom on some releases, where the bug shows otherwise there (a message reworded, a
+    # file moved): the first range that holds the target's version replaces `symptom`.
+    symptom_by_release: tuple[tuple[Releases, Symptom], ...] = ()
+
+    def on_release(self, version: str | None) -> Rule:
+        """This rule with the one symptom it predicts on `version` (its own where no range holds
+        it); unchanged where the version is no release number (any of its forms may show)."""
+        if not version or not self.symptom_by_release:
+            return self
+        try:
+            parsed = Version(version)
+        except InvalidVersion:
+            return self
+        found = next((s for releases, s in self.symptom_by_release if releases.contains(parsed)), self.symptom)
+        return replace(self, symptom=found, symptom_by_release=())
 
     @property
     def symptoms(self) -> tuple[Symptom, ...]:
-        return (self.symptom, *self.also_seen_as)
+        """Every form the bug takes; one not resolved for a release (`on_release`) also holds each release's."""
+        return (self.symptom, *self.also_seen_as, *(s for _, s in self.symptom_by_release))
 
     def observed(self, observation: Mapping[str, Any]) -> Symptom | None:
         """The predicted symptom the observation shows, or None."""
@@ -173,8 +189,9 @@ class Regression:
         bound = self.affected.first_fixed() if self.rules else None
         return str(bound) if bound else None
 
-    def predict(self, case: Case) -> Prediction:
+    def predict(self, case: Case, version: str | None = None) -> Prediction:
+        """The rule that applies to the case, with the symptom it predicts on `version` (a target's)."""
         for rule in self.rules:
             if rule.applies(case):
-                return Prediction("affected", rule, rule.why)
+                return Prediction("affected", rule.on_release(version), rule.why)
         return Prediction("unaffected", None, self.unaffected_reason(case))

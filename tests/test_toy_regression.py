@@ -245,3 +245,23 @@ def test_a_version_between_releases_decides_only_where_its_number_settles_it() -
     }
     assert Releases("<2.16.1 || ==2.17.0").settles(Version("2.17.0.dev0")) is False
     assert Releases("<2.16.1 || ==2.17.0").settles(Version("2.18.0.dev0")) is True
+
+
+def test_a_rules_symptom_can_be_declared_per_release_range() -> None:
+    """The same bug raising another message from 2.18 on: each release is judged against its own form."""
+    from cases.regression import Regression, Rule, Symptom
+    from harness.runner.verdicts import verdict
+
+    old, new = Symptom("old message", message="old"), Symptom("new message", message="new")
+    rule = Rule("r", lambda case: True, old, "why", symptom_by_release=((Releases(">=2.18"), new),))
+    regression = Regression("toy_by_release", "t", "u", Releases("<3"), (), (rule,), lambda case: None,
+                            {"default": {}}, (), own_axes={})
+    case = Case("toy_by_release")
+    assert regression.predict(case, "2.13.0").rule.symptom is old
+    assert regression.predict(case, "2.18.0").rule.symptom is new
+    assert regression.predict(case, "not-a-version").rule.symptom is old
+    seen_new = {"outcome": "crash", "error": {"type": "E", "message": "new", "location": None}}
+    assert verdict(regression.predict(case, "2.18.0"), seen_new, Role.UNPATCHED)[0] is Verdict.REPRODUCED
+    # On a release before the range, the new form is not this rule's prediction there.
+    assert verdict(regression.predict(case, "2.13.0"), seen_new, Role.UNPATCHED)[0] is Verdict.OTHER_FAILURE
+    assert new in rule.symptoms  # another regression's case still attributes either form to this bug

@@ -22,7 +22,7 @@ __all__ = ["SCHEMA", "judge", "lost_case_record"]
 
 
 def finish(case: Case, spec: str, role: Role, observed: dict[str, Any],
-           roles: dict[str, str] | None = None) -> dict[str, Any]:
+           roles: dict[str, str] | None = None, version: str | None = None) -> dict[str, Any]:
     """The full record: the case's axes, the observation, the prediction, the verdict (against
     every regression of the catalogue, given the tree's `roles` for each), and whether a
     standalone reproducer can be written for it; its strings safe to send and store
@@ -30,7 +30,7 @@ def finish(case: Case, spec: str, role: Role, observed: dict[str, Any],
     from harness.engine.standalone import standalone_refusal
 
     observed = safe_value(observed)
-    prediction = REGRESSIONS[case.regression].predict(case)
+    prediction = REGRESSIONS[case.regression].predict(case, version)  # the symptom on the target's release
     found = judged_by_rules(prediction, observed, role, known_bugs(REGRESSIONS, roles or {}, case.regression))
     refusal = standalone_refusal(case)
     return {
@@ -120,7 +120,7 @@ def judged(case: Case, spec: str, role: Role, raw: Any, reference: dict[str, Any
         observed = _harness_failure(exc, f"the worker's observation could not be judged: {exc}")
     if isinstance(raw, dict) and (changed := raw.get("state_changes")):
         observed = _with_state_changes(observed, [str(c) for c in changed])
-    return finish(case, spec, role, observed, roles)
+    return finish(case, spec, role, observed, roles, version)
 
 
 def _with_state_changes(observed: dict[str, Any], changed: list[str]) -> dict[str, Any]:
