@@ -265,3 +265,26 @@ def test_a_rules_symptom_can_be_declared_per_release_range() -> None:
     # On a release before the range, the new form is not this rule's prediction there.
     assert verdict(regression.predict(case, "2.13.0"), seen_new, Role.UNPATCHED)[0] is Verdict.OTHER_FAILURE
     assert new in rule.symptoms  # another regression's case still attributes either form to this bug
+
+
+def test_a_fusion_a_case_registers_is_named_and_taken_back(loaded_target) -> None:
+    """TE's register_forward_fusion extends a class-level list: a case that leaves a pass registered
+    would fuse every later case of the worker. The worker's guard names it and takes it back."""
+    from transformer_engine.pytorch.ops import fuser
+
+    from harness.runner import state
+
+    before = list(fuser.OperationFuser.forward_fusion_functions)
+    with state.guarded():  # the baseline: as the target loaded them
+        pass
+
+    def leftover_pass(ops, **kwargs):
+        return ops
+
+    with state.guarded() as changed:
+        fuser.register_forward_fusion(leftover_pass)
+    assert fuser.OperationFuser.forward_fusion_functions == before
+    assert any("forward_fusion_functions: added " in c and "leftover_pass" in c for c in changed), changed
+    with state.guarded() as changed:
+        pass
+    assert changed == []

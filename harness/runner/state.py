@@ -10,6 +10,7 @@ are then.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -44,9 +45,46 @@ _MODES: dict[str, tuple[Any, Any]] = {
 _BASELINE = {name: read() for name, (read, _) in _MODES.items()}
 
 
-def restore(when: str) -> list[str]:
-    """Put every tool and mode back as it was before any target; what differed, named."""
+# The target's fusion registries (TE's OperationFuser keeps the passes in class-level lists that
+# `register_*_fusion` extends, 2.16 on): as they were once the target had loaded, before its first case.
+FUSION_LISTS = ("forward_fusion_functions", "backward_fusion_functions", "forward_backward_fusion_functions")
+_fusions_loaded: dict[str, list[Any]] | None = None
+
+
+def _fusion_lists() -> dict[str, list[Any]]:
+    fuser = sys.modules.get("transformer_engine.pytorch.ops.fuser")
+    owner = getattr(fuser, "OperationFuser", None)
+    return {name: found for name in FUSION_LISTS if isinstance(found := getattr(owner, name, None), list)}
+
+
+def _named(functions: list[Any]) -> str:
+    return ", ".join(getattr(f, "__qualname__", repr(f)) for f in functions)
+
+
+def restore_fusions(when: str) -> list[str]:
+    """Put the target's fusion registries back as they were before its first case; what differed, named."""
+    global _fusions_loaded
+    lists = _fusion_lists()
+    if _fusions_loaded is None:
+        _fusions_loaded = {name: list(found) for name, found in lists.items()} if lists else None
+        return []
     changed = []
+    for name, found in lists.items():
+        loaded = _fusions_loaded.get(name, [])
+        if found != loaded:
+            added, removed = [f for f in found if f not in loaded], [f for f in loaded if f not in found]
+            changed.append(f"OperationFuser.{name}: " + "; ".join(
+                part for part in (f"added {_named(added)}" if added else "",
+                                  f"removed {_named(removed)}" if removed else "",
+                                  "reordered" if not added and not removed else "") if part) + f" ({when})")
+            found[:] = loaded
+    return changed
+
+
+def restore(when: str) -> list[str]:
+    """Put every tool and mode back as it was before any target, and the target's fusion
+    registries as it loaded them; what differed, named."""
+    changed = restore_fusions(when)
     for name, (owner, attr) in _TOOLS.items():
         if getattr(owner, attr) is not _ORIGINAL_TOOLS[name]:
             changed.append(f"{name} was replaced ({when})")
