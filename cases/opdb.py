@@ -41,6 +41,8 @@ class OpInfo:
     in_place_extra_input: bool = False  # accumulates into the caller's extra input
     exposes_input: bool = False  # hands its input tensor back as an output
     requires: tuple[str, ...] = ()  # op features of the release (LoadedTarget.features)
+    # Communicates over torch.distributed's default group: the worker starts one of world size 1 (gloo).
+    process_group: bool = False
 
 
 def _same(function: Callable[[torch.Tensor], torch.Tensor]) -> OpReference:
@@ -125,6 +127,13 @@ OPS: dict[str, OpInfo] = {info.key: info for info in (
            fixed_extra=SPLIT_SIZES,
            params=lambda w: (*((f"weight{g}", (HIDDEN, w)) for g in range(GROUPS)),
                              *((f"bias{g}", (HIDDEN,)) for g in range(GROUPS)))),
+    # Tensor parallelism at world size 1, where TE short-circuits: AllReduce hands its input back.
+    OpInfo("all_reduce", "AllReduce", lambda o, w, k: o["AllReduce"](), _same(lambda x: x), exposes_input=True,
+           process_group=True),
+    OpInfo("all_gather", "AllGather", lambda o, w, k: o["AllGather"](), _same(lambda x: x.clone()),
+           process_group=True),
+    OpInfo("reduce_scatter", "ReduceScatter", lambda o, w, k: o["ReduceScatter"](), _same(lambda x: x.clone()),
+           process_group=True),
     OpInfo("situglu", "SiTUGLU", lambda o, w, k: o["SiTUGLU"](), _same(ref.situ_glu), out_width=_halved),
     _row_scaled("scaled_swiglu", "ScaledSwiGLU", lambda x: ref.gated("silu", x), _halved),
     _row_scaled("scaled_situglu", "ScaledSiTUGLU", ref.situ_glu, _halved),
@@ -136,8 +145,6 @@ OPS: dict[str, OpInfo] = {info.key: info for info in (
 # TE's basic ops the database has no entry for, and why (an op of a target in neither is
 # reported as having no entry).
 NOT_COVERED: dict[str, str] = {
-    **dict.fromkeys(("AllGather", "AllReduce", "ReduceScatter"),
-                    "communicates across a tensor-parallel group: needs more than one process"),
     **dict.fromkeys(("Quantize", "CastFloat8"), "casts to FP8 only under fp8_autocast, which a device without FP8 refuses"),
     "AddInPlace": "AddExtraInput's name before 2.7, in place by design: the database's add_in entries need the"
                   " in_place keyword",
@@ -180,6 +187,11 @@ FUSIONS: tuple[Fusion, ...] = (
                    "GroupedMLP_CuTeGEMMGLU", "GroupedMLP_CuTeGEMMUnary")),
 )
 FUSION_OF: dict[str, Fusion] = {f.fused_op: f for f in FUSIONS}
+
+
+def needs_process_group(keys: tuple[str, ...]) -> bool:
+    """Whether a pipeline of these op keys communicates (over a group of world size 1)."""
+    return any(OPS[k].process_group for k in keys)
 
 
 def fusion_windows() -> list[tuple[str, ...]]:

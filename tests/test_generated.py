@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,7 @@ def test_shrink_keeps_what_still_fails_the_same_way() -> None:
 
 
 def test_coverage_says_what_each_op_reached_and_why_not() -> None:
-    inventory = {"basic": ["BasicLinear", "AllReduce", "FancyOp", "SiLU"],
+    inventory = {"basic": ["BasicLinear", "Quantize", "FancyOp", "SiLU"],
                  "fused": ["BackwardAddRMSNorm", "ForwardLinearBiasActivation", "UserbuffersForwardLinear", "Mystery"]}
     records: list[Mapping[str, Any]] = [
         {"pipeline": "gen.linear.bias", "outcome": "pass", "fused_ops": ["forward:ForwardLinearBiasActivation"]},
@@ -98,7 +99,7 @@ def test_coverage_says_what_each_op_reached_and_why_not() -> None:
     ]
     rows = {r.name: r for r in coverage(inventory, records)}
     assert rows["BasicLinear"].reached and rows["BasicLinear"].how == "1 cases"
-    assert "more than one process" in rows["AllReduce"].how
+    assert "FP8" in rows["Quantize"].how
     assert rows["FancyOp"].how.startswith("no op database entry")
     assert not rows["SiLU"].reached and "lacks SiLU" in rows["SiLU"].how
     assert rows["ForwardLinearBiasActivation"].reached
@@ -195,3 +196,16 @@ def test_refused_device_calls_show_where_te_needs_cuda(tmp_path: Path) -> None:
     assert errors and all(e["type"] == "DeviceCallRefused" for e in errors)
     assert all(" at transformer_engine/pytorch/" in e["message"] for e in errors)
     assert "CUDA calls were refused" in (tmp_path / "refused" / "report.md").read_text()
+
+
+def test_communication_ops_run_at_world_size_one(tmp_path: Path) -> None:
+    """AllReduce at world size 1 hands its input back, as Identity does: under no_grad, on a non-leaf
+    input, te-2.13.0's fuser fails on it as issue 22 says, and te-2.16.0 behaves as plain PyTorch.
+    The standalone reproducer starts the one-process group itself."""
+    case_id = "generated:ops-gen.all_reduce-no_grad-non_leaf-trainable-none-single-dense-float32-cpu"
+    script = tmp_path / "case.py"
+    script.write_text(repro("show", case_id, "--target", "te-2.13.0", "--script", "--standalone", check_rc=0).stdout)
+    assert 'init_process_group("gloo"' in script.read_text()
+    failed = repro("exec", "--target", "te-2.13.0", "--", sys.executable, str(script))
+    assert failed.returncode == 1 and "you can only change requires_grad flags" in failed.stderr
+    assert "OK" in repro("exec", "--target", "te-2.16.0", "--", sys.executable, str(script), check_rc=0).stdout

@@ -18,6 +18,7 @@ import torch
 
 from cases.case import Case
 from cases.clients import CLIENTS
+from cases.opdb import needs_process_group
 from cases.pipelines import PIPELINES
 from harness.engine import calls, compare, seeding, wire
 from harness.engine.frames import error_record
@@ -29,7 +30,20 @@ __all__ = ["DTYPES", "build_module", "import_megatron", "observe_case", "run_cas
 
 def build_module(case: Case, target: LoadedTarget) -> torch.nn.Module:
     kwargs = {"device": case.device, "dtype": DTYPES[case.dtype]}
+    single_process_group(case)
     return target.ops["Sequential"](*PIPELINES[case.pipeline].build(target.ops, kwargs))
+
+
+def single_process_group(case: Case) -> None:
+    """torch.distributed's default group, of world size 1 over gloo with an in-process store, for a
+    pipeline of TE's communication ops (started once in a worker and kept: TE's ops read it at
+    construction)."""
+    if not needs_process_group(PIPELINES[case.pipeline].op_keys):
+        return
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 
 
 def unfused_module(case: Case, target: LoadedTarget) -> tuple[torch.nn.Module, Callable[..., Any]]:
@@ -38,6 +52,7 @@ def unfused_module(case: Case, target: LoadedTarget) -> tuple[torch.nn.Module, C
     Returns the container of its parameters and the call, which routes extra inputs and
     outputs between the groups as one Sequential does."""
     kwargs = {"device": case.device, "dtype": DTYPES[case.dtype]}
+    single_process_group(case)
     ops = PIPELINES[case.pipeline].build(target.ops, kwargs)
     groups = [target.ops["Sequential"](op) for op in ops]
     takes = [int(getattr(op, "num_extra_inputs", 0)) for op in ops]

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from cases.case import Case
+from cases.opdb import needs_process_group
 from cases.pipelines import HIDDEN, PIPELINES
 from harness.errors import UsageError
 
@@ -114,6 +115,9 @@ def render_standalone(case: Case, case_id: str, target: str) -> str:
         "import torch",
         "import transformer_engine.pytorch as te",
         "",
+        *(["# TE's communication ops at world size 1: one process, gloo, an in-process store.",
+           'torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)',
+           ""] if needs_process_group(info.op_keys) else []),
         f'DEVICE, DTYPE = "{case.device}", torch.{case.dtype}',
         "torch.manual_seed(0)",
         "",
