@@ -107,3 +107,23 @@ def test_missing_kernel_fails_when_called_naming_kernel_and_frame(cache: Path, t
     last = result.stderr.strip().splitlines()[-1]
     assert "MissingKernel" in last and "transformer_engine_torch.no_such_kernel_for_the_test" in last, last
     assert f"transformer_engine/pytorch/ops/fuser.py:{line} in _for_the_test" in last, last
+
+
+@pytest.mark.slow
+def test_no_upstream_release_holds_an_op_of_no_upstream_name(cache: Path) -> None:
+    """The fork-rename hint (an op of no upstream name beside a missing one) must never fire on
+    upstream's own releases: on 2.17-2.19 ScaledSReLU was not listed, so every SiTUGLU case there was
+    'not judged' with a hint to rename SiTUGLU to ScaledSReLU. Read statically from each release's
+    ops/basic (public classes), the same names the loader's `own_basic_ops` sees."""
+    import ast
+
+    from harness.targets.loader import UPSTREAM_BASIC_OPS
+
+    unknown = {}
+    for version in ALL_RELEASES:
+        basic = Path(targets.prepare(f"te-{version}", cache).root or "") / "transformer_engine/pytorch/ops/basic"
+        names = {node.name for path in basic.glob("*.py") for node in ast.parse(path.read_text()).body
+                 if isinstance(node, ast.ClassDef) and not node.name.startswith("_")}
+        if extra := sorted(names - UPSTREAM_BASIC_OPS):
+            unknown[version] = extra
+    assert unknown == {}

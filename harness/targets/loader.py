@@ -53,8 +53,9 @@ UPSTREAM_BASIC_OPS = frozenset({
     "AddExtraInput", "AddInPlace", "AllGather", "AllReduce", "BasicLinear", "Bias", "ClampedSwiGLU", "ConstantScale",
     "Dropout", "GEGLU", "GELU", "GLU", "GroupedLinear", "Identity", "L2Normalization", "LayerNorm", "MakeExtraOutput",
     "QGEGLU", "QGELU", "Quantize", "ReGLU", "ReLU", "ReduceScatter", "Reshape", "RMSNorm", "SReGLU", "SReLU",
-    "ScaledSwiGLU", "SiLU", "SwiGLU", "CastFloat8", "SiTUGLU", "ScaledClampedQGeGLU",
-})
+    "ScaledSwiGLU", "SiLU", "SwiGLU", "CastFloat8", "SiTUGLU", "ScaledClampedQGeGLU", "ScaledSReLU", "ScaledTanhSReLU",
+    "ScaledSiTUGLU",
+}) | frozenset(DATABASE_OPS)  # every op the database names is upstream's
 
 
 @dataclass
