@@ -5,7 +5,7 @@ axis values in this order. A value added here joins no regression's matrix by it
 
 from __future__ import annotations
 
-from cases.generated import GENERATED
+from cases.ops.generated import GENERATED
 
 AXES: dict[str, tuple[str, ...]] = {
     # ops: the harness's te.ops pipelines; megatron_*: Megatron's own modules (cases/clients.py).
@@ -23,7 +23,7 @@ AXES: dict[str, tuple[str, ...]] = {
         "linear_bias_extra",
         "split_fuser",
         "residual_mlp",
-        *GENERATED,  # generated from the op database (cases/generated.py): `gen.` and op keys
+        *GENERATED,  # generated from the op database (cases/ops/generated.py): `gen.` and op keys
     ),
     "grad_mode": ("enabled", "no_grad", "inference_mode", "enable_grad_inside_no_grad"),
     "input": ("leaf", "leaf_requires_grad", "non_leaf", "view", "detached"),

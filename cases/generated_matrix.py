@@ -1,4 +1,4 @@
-"""The generated matrix (`--matrix generated`): every generated pipeline (cases/generated.py)
+"""The generated matrix (`--matrix generated`): every generated pipeline (cases/ops/generated.py)
 under the call scenario's axes that matter, judged against plain PyTorch and against TE itself
 with fusion taken away. It predicts no bug: any difference is a failure, unless it is a
 catalogued regression's symptom on a tree expected to have that bug (the judge names it).
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from cases.axes import narrowed
 from cases.case import Case
-from cases.generated import GENERATED, fusion_window_pipelines
+from cases.ops.generated import GENERATED, fusion_window_pipelines
 from cases.regression import Regression
 from cases.releases import Releases
 
@@ -27,7 +27,7 @@ def _exclude(case: Case) -> str | None:
 GENERATED_MATRIX = Regression(
     id="generated",
     title="Generated pipelines: fused TE against plain PyTorch and against unfused TE",
-    upstream="none: generated from the op database (cases/opdb.py) and TE's fusion windows",
+    upstream="none: generated from the op database (cases/ops/database.py) and TE's fusion windows",
     affected=NO_RELEASE,
     patches=(),
     rules=(),

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from cases.case import Case
-from cases.generated import keys_of, valid
+from cases.ops.generated import keys_of, valid
 from cases.regression import Regression
 from cases.regressions import REGRESSIONS
 from harness.errors import UsageError

@@ -1,6 +1,6 @@
 """What a te.ops pipeline is, as data (in the style of PyTorch's ModuleInfo): how to build it
 from a target's ops, its plain-PyTorch reference, and the structural facts the rules read.
-The hand-written catalogue (cases/pipelines.py) and the generated one (cases/generated.py)
+The hand-written catalogue (cases/pipelines.py) and the generated one (cases/ops/generated.py)
 both hold these."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class PipelineInfo:
     # sets their values (harness.engine.calls), so the reference needs no target to know them.
     params: tuple[tuple[str, tuple[int, ...]], ...] = ()
     input_shape: tuple[int, ...] = (BATCH, HIDDEN)
-    # Generated pipelines only (cases/generated.py): the op database's keys, in order, and the
+    # Generated pipelines only (cases/ops/generated.py): the op database's keys, in order, and the
     # shape of each extra input.
     op_keys: tuple[str, ...] = ()
     extra_input_shapes: tuple[tuple[int, ...], ...] = ()

@@ -12,9 +12,9 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING, Any
 
-from cases.generated import GENERATED, keys_of, pipeline_of, valid
+from cases.ops.generated import GENERATED, keys_of, pipeline_of, valid
+from cases.ops.references import add_in_place, gelu, layer_norm, rms_norm
 from cases.pipeline_info import HIDDEN, PipelineInfo, Tensors, ops_used
-from cases.references import add_in_place, gelu, layer_norm, rms_norm
 
 # torch only where a pipeline is built or computed: every `repro` command reads this catalogue,
 # and importing torch costs it two seconds.
@@ -152,5 +152,5 @@ PIPELINES = Pipelines({
         ),
     )
 })
-# The generated pipelines (cases/generated.py), by their own names (`gen.` and the op keys).
+# The generated pipelines (cases/ops/generated.py), by their own names (`gen.` and the op keys).
 PIPELINES.update(GENERATED)

@@ -1,5 +1,5 @@
 """`repro coverage RUN_DIR`: for each target of a stored run, the `te.ops` basic and fused ops
-its cases reached, and why each other one was not (harness.coverage). The target's inventory is
+its cases reached, and why each other one was not (harness.runner.coverage). The target's inventory is
 read off TE's own classes in a `repro exec` process of that target."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from pathlib import Path
 from tabulate import tabulate
 
 from harness import targets
-from harness.coverage import coverage, summary
 from harness.errors import UsageError
+from harness.runner.coverage import coverage, summary
 from harness.targets import sources
 
 EXAMPLE = "example: repro run --matrix generated --out runs/generated && repro coverage runs/generated"

@@ -34,7 +34,7 @@ from harness.runner.expectations import all_unmet
 from harness.runner.sessions import CASE_TIMEOUT_S, LOAD_TIMEOUT_S, Interrupted, run_matrix
 from harness.runner.textsafe import printable
 from harness.targets import sources
-from harness.targets.site import REFUSE_ENV
+from harness.targets.refusal import REFUSE_ENV
 from repro import rerun, validate
 from repro.formats import check_step_summary, write_all_formats
 from repro.progress import Progress, print_status_line

@@ -1,5 +1,5 @@
 """`repro shrink CASE_ID --target SPEC`: a failing case reduced to a minimal one that fails with the
-same signature (harness.shrink), each round's candidates run as one `repro run` into a folder of
+same signature (harness.runner.shrink), each round's candidates run as one `repro run` into a folder of
 its own under --out, and the minimum written as a standalone reproducer where one can be."""
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ class RoundRunner:
 
 
 def cmd_shrink(args: argparse.Namespace) -> int:
-    from harness.shrink import shrink
+    from harness.runner.shrink import shrink
 
     [selection] = selections_of([args.case])  # a bad id: one line, exit 2
     case = selection.cases[0]

@@ -16,14 +16,14 @@ import pytest
 import torch
 
 import cases.regressions  # noqa: F401 - declares the catalogue's axes, which Cases read
-from cases import references as ref
 from cases.case import Case
-from cases.generated import GENERATED, SEED, _longer, generated_keys, keys_of, name_of, pipeline_of, valid
 from cases.matrix import generate, selections_of
-from cases.opdb import FUSIONS, OPS
-from harness.coverage import coverage
+from cases.ops import references as ref
+from cases.ops.database import FUSIONS, OPS
+from cases.ops.generated import GENERATED, SEED, _longer, generated_keys, keys_of, name_of, pipeline_of, valid
+from harness.runner.coverage import coverage
+from harness.runner.shrink import candidates, shrink
 from harness.runner.signature import Signature
-from harness.shrink import candidates, shrink
 from harness.targets import sources
 from repro import reports
 from tests.conftest import repro

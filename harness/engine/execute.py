@@ -18,7 +18,7 @@ import torch
 
 from cases.case import Case
 from cases.clients import CLIENTS
-from cases.opdb import needs_process_group
+from cases.ops.database import needs_process_group
 from cases.pipelines import PIPELINES
 from harness.engine import calls, compare, seeding, wire
 from harness.engine.frames import error_record

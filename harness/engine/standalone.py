@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from cases.case import Case
-from cases.opdb import needs_process_group
+from cases.ops.database import needs_process_group
 from cases.pipelines import HIDDEN, PIPELINES
 from harness.errors import UsageError
 

@@ -27,7 +27,7 @@ from harness.runner import completeness, lifetime, memory, observations, rundir,
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 from harness.runner.rundir import session_name
-from harness.targets.site import REFUSE_ENV
+from harness.targets.refusal import REFUSE_ENV
 from harness.torch_version import torch_version
 
 CASE_TIMEOUT_S = 120

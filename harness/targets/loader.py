@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cases.opdb import OPS
+from cases.ops.database import OPS
 from harness.engine.frames import innermost_te_frame
 from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
@@ -44,7 +44,7 @@ OLD_NAMES = {"AddExtraInput": "AddInPlace"}
 # TE's compute ops the cases build, from te.ops, and the te.pytorch modules Megatron subclasses.
 COMPUTE_OPS = ("RMSNorm", "LayerNorm", "BasicLinear", "Bias", "GELU", "ReLU", "SwiGLU")
 TE_MODULES = ("RMSNorm", "LayerNorm")
-# The op database's ops (cases/opdb.py), for the generated pipelines; kept apart from the ops the
+# The op database's ops (cases/ops/database.py), for the generated pipelines; kept apart from the ops the
 # catalogue's pipelines name, which a target's description lists.
 DATABASE_OPS = tuple(dict.fromkeys(info.op for info in OPS.values()))
 # The basic ops upstream's te.ops has held (2.1-2.20), by class name. A BasicOperation subclass of

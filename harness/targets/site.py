@@ -26,10 +26,6 @@ LOADING_ENV = "REPRO_EXEC_LOADING"
 # Directories (os.pathsep-separated) whose calls the CPU backend's device answers serve besides
 # the target's files: `repro upstream-tests` names the checkout's tests.
 ANSWER_ALSO_ENV = "REPRO_EXEC_DEVICE_ANSWERS_ALSO"
-# Set to 1 (`repro run --refuse-device-calls`): during a case, a CUDA call from the target's files is
-# refused as on a host without CUDA (an NPU host), so that a bug an answer would hide shows
-# (harness/targets/cpu_backend/device.py). Loading the target and the autocast state are still answered.
-REFUSE_ENV = "REPRO_REFUSE_DEVICE_CALLS"
 
 
 def exec_environment(prepared: PreparedTarget, megatron: bool, base: dict[str, str],

@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from harness.targets.site import REFUSE_ENV
+from harness.targets.refusal import REFUSE_ENV
 
 CAPABILITY = (8, 0)
 NAME = "CPU backend (no FP8): compute capability 8.0"

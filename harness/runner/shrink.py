@@ -13,8 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cases.case import Case
-from cases.generated import keys_of, name_of, valid
 from cases.matrix import exclusion
+from cases.ops.generated import keys_of, name_of, valid
 from harness.runner.signature import Signature
 
 # Each axis's values from the simplest: the plainest grad mode, no wrapper, a dense gradient, float32.

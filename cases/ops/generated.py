@@ -1,4 +1,4 @@
-"""Pipelines generated from the op database (cases/opdb.py), not written by hand.
+"""Pipelines generated from the op database (cases/ops/database.py), not written by hand.
 
 - every op of the database alone;
 - every valid pipeline of up to three ops that holds a window some fusion pass matches;
@@ -18,7 +18,7 @@ import itertools
 import random
 from typing import TYPE_CHECKING, Any
 
-from cases.opdb import OPS, fusion_windows
+from cases.ops.database import OPS, fusion_windows
 from cases.pipeline_info import BATCH, HIDDEN, PipelineInfo
 
 if TYPE_CHECKING:

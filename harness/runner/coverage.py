@@ -9,8 +9,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cases.generated import keys_of
-from cases.opdb import FUSION_OF, NOT_COVERED, OPS
+from cases.ops.database import FUSION_OF, NOT_COVERED, OPS
+from cases.ops.generated import keys_of
 from cases.pipeline_info import ops_used
 from cases.pipelines import PIPELINES
 
@@ -67,7 +67,7 @@ def _basic_gap(op: str, records: list[Mapping[str, Any]]) -> str:
     if op in NOT_COVERED:
         return NOT_COVERED[op]
     if op not in DATABASE_OPS:
-        return "no op database entry (cases/opdb.py)"
+        return "no op database entry (cases/ops/database.py)"
     notes = {str(r.get("note")) for r in records if op in ops_of(r) and r.get("outcome") in NOT_RUN}
     if notes:
         return "its cases did not run: " + "; ".join(sorted(notes))[:300]
@@ -77,7 +77,7 @@ def _basic_gap(op: str, records: list[Mapping[str, Any]]) -> str:
 def _fused_gap(op: str, ran: list[Mapping[str, Any]]) -> str:
     fusion = FUSION_OF.get(op)
     if fusion is None:
-        return "no fusion window in the op database (cases/opdb.py)"
+        return "no fusion window in the op database (cases/ops/database.py)"
     if fusion.unreachable:
         return fusion.unreachable
     count = _window_cases(ran, fusion.windows)

@@ -1,5 +1,5 @@
 """Plain-PyTorch references of TE's basic ops, shared by the hand-written pipelines
-(cases/pipelines.py) and the op database (cases/opdb.py). Each computes in float32 and
+(cases/pipelines.py) and the op database (cases/ops/database.py). Each computes in float32 and
 stores once in the input's dtype, as TE's kernels do. torch is imported where a reference
 runs: every `repro` command reads the catalogues that name these."""
 

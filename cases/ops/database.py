@@ -4,7 +4,7 @@ parameters, its extra inputs and outputs, and its plain-PyTorch reference; and f
 TE's fusion passes build, the windows of basic ops its pass matches.
 
 The entries are keyed by a short name (an op and its arguments: `extra_out_ip` is
-`MakeExtraOutput(in_place=True)`) that generated pipeline ids are made of (cases/generated.py).
+`MakeExtraOutput(in_place=True)`) that generated pipeline ids are made of (cases/ops/generated.py).
 What a loaded target holds is read off it (`repro coverage`); an op or fused op of a target that
 has no entry here is reported with the reason from `NOT_COVERED`, or as having no entry.
 """
@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cases import references as ref
+from cases.ops import references as ref
 from cases.pipeline_info import BATCH, HIDDEN
 
 if TYPE_CHECKING:
