@@ -164,7 +164,7 @@ def render_html(run: dict[str, Any]) -> str:
         warnings=[*reports.dirty_warnings(run), *(p["problem"] for p in run.get("target_problems") or [])],
         patches={t["spec"]: reports.patch_text(t) for t in environment["targets"]},
         provenance={t["spec"]: reports.provenance_text(t) for t in environment["targets"]},
-        role_reasons=reports.role_reasons(run),
+        role_reasons=reports.role_reasons(run), device_calls=reports.device_calls(run),
         csp=csp,
         # Our own files, and JSON escaped by json_for_script: the only unescaped inserts.
         css=Markup(css), js=Markup(js), data_json=Markup(json_for_script(grid_data(run))))

@@ -196,6 +196,7 @@ def test_refused_device_calls_show_where_te_needs_cuda(tmp_path: Path) -> None:
     assert errors and all(e["type"] == "DeviceCallRefused" for e in errors)
     assert all(" at transformer_engine/pytorch/" in e["message"] for e in errors)
     assert "CUDA calls were refused" in (tmp_path / "refused" / "report.md").read_text()
+    assert "refused them (<code>--refuse-device-calls</code>)" in (tmp_path / "refused" / "report.html").read_text()
 
 
 def test_communication_ops_run_at_world_size_one(tmp_path: Path) -> None:

@@ -31,5 +31,8 @@ def test_smoke_matrix_end_to_end(tmp_path: Path) -> None:
     report = (tmp_path / "report.md").read_text()
     answered = next(line for line in report.splitlines() if "device calls the CPU backend answered" in line)
     assert "`torch.is_autocast_enabled() at transformer_engine/pytorch/ops/" in answered, answered
+    html = (tmp_path / "report.html").read_text()  # and in report.html, each with its count of cases
+    listed = html.split('<ul id="device-calls">', 1)[1].split("</ul>", 1)[0]
+    assert "<code>te-2.13.0</code>" in listed and "<code>torch.is_autocast_enabled() at transformer_engine/" in listed
     verdict = repro("report", str(tmp_path), "--format", "verdict-md", check_rc=0).stdout
     assert "Device calls" not in verdict
