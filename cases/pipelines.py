@@ -61,8 +61,7 @@ class Pipelines(dict[str, PipelineInfo]):
         keys = keys_of(name)
         if keys is None or not valid(keys):
             raise KeyError(name)
-        self[name] = pipeline_of(keys)
-        return self[name]
+        return pipeline_of(keys)
 
     def get(self, name: str, default: Any = None) -> Any:  # type: ignore[override]
         try:

@@ -35,7 +35,7 @@ def inventory(spec: str, cache_dir: str | None, offline: bool) -> dict[str, list
 
 
 def cmd_coverage(args: argparse.Namespace) -> int:
-    from repro.reports import load_run
+    from repro.reports import incomplete_note, load_run
 
     run = load_run(Path(args.run))
     specs = [t["spec"] for t in run.get("environment", {}).get("targets", [])]
@@ -50,6 +50,9 @@ def cmd_coverage(args: argparse.Namespace) -> int:
         print(tabulate([(r.kind, r.name, "reached" if r.reached else "not reached", r.how) for r in rows],
                        headers=("kind", "op", "", "how / why not"), tablefmt="simple", maxcolwidths=[None, None, None, 90]))
         print()
+    if note := incomplete_note(run):  # an op its lost results reached would read as not reached
+        print(f"{note} The listing covers the results the run holds.")
+        return 1
     return 0
 
 
@@ -58,7 +61,8 @@ def add_parsers(sub: argparse._SubParsersAction, common: argparse.ArgumentParser
         "coverage", parents=[common], help="the te.ops basic and fused ops a run reached on each target, and why not",
         description=("Lists, for each target of a stored run, every basic op and fused op its te.ops holds (read off"
                      " TE's own classes), whether a case of the run reached it, and why not: the op database's reason,"
-                     " a fusion pass's condition, or no entry."), epilog=EXAMPLE)
+                     " a fusion pass's condition, or no entry. Exit status 1 when the run is incomplete."),
+        epilog=EXAMPLE)
     p.add_argument("run", metavar="RUN_DIR", help="a run dir (or its run.json)")
     p.add_argument("--target", metavar="SPEC", help="only this target of the run")
     p.set_defaults(func=cmd_coverage)

@@ -210,3 +210,34 @@ def test_communication_ops_run_at_world_size_one(tmp_path: Path) -> None:
     failed = repro("exec", "--target", "te-2.13.0", "--", sys.executable, str(script))
     assert failed.returncode == 1 and "you can only change requires_grad flags" in failed.stderr
     assert "OK" in repro("exec", "--target", "te-2.16.0", "--", sys.executable, str(script), check_rc=0).stdout
+
+
+def test_a_matrix_that_predicts_no_failure_headlines_what_behaved_not_roles() -> None:
+    from cases.regressions import REGRESSIONS
+    from harness.runner.headlines import regression_headline
+
+    def record(case_id: str, outcome: str) -> dict[str, Any]:
+        return {"case_id": case_id, "target": "te-2.13.0", "regression": "generated", "outcome": outcome,
+                "expected": "unaffected",
+                "verdict": {"pass": "unaffected", "not_applicable": "not_applicable"}.get(outcome, "regression")}
+
+    run = {"results": [record("a", "pass"), record("b", "crash"), record("c", "not_applicable")],
+           "environment": {"targets": [{"spec": "te-2.13.0", "roles": {"generated": "fixed_upstream"}}]}}
+    lines = regression_headline(run, "generated")
+    assert lines[0] == "te-2.13.0: 1 of 2 cases that ran behave as their references (none is predicted to fail)"
+    assert not any("affected cases" in line for line in lines) and lines[-1] == "ATTENTION: 1 regression"
+    assert REGRESSIONS["generated"].first_fixed is None and REGRESSIONS["issue22"].first_fixed == "2.16.0"
+
+
+def test_a_fused_call_that_raises_where_unfused_te_completes_differs_from_it() -> None:
+    """TE-FL's reference backend lacks rmsnorm_bwd_add: the fused [MakeExtraOutput, RMSNorm] raises in
+    backward, the same ops unfused complete. The second oracle says so, never 'agrees'."""
+    from harness.engine.compare import compared
+
+    case = _case("gen.extra_out.rmsnorm")
+    side = {"outputs": [], "requires_grad": [], "before": {}, "after": {}, "grads": {}}
+    error = {"type": "RuntimeError", "message": "op='rmsnorm_bwd_add' not implemented", "location": None}
+    record = compared(case, {"test": side, "error": error, "unfused": side}, side, "2.9.0")
+    assert record["outcome"] == "crash" and record["unfused_te"] == "differs"
+    both = compared(case, {"test": side, "error": error, "unfused": {"error": error}}, side, "2.9.0")
+    assert both["unfused_te"] == "failed: RuntimeError"

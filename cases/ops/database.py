@@ -187,6 +187,8 @@ FUSIONS: tuple[Fusion, ...] = (
                    "GroupedMLP_CuTeGEMMGLU", "GroupedMLP_CuTeGEMMUnary")),
 )
 FUSION_OF: dict[str, Fusion] = {f.fused_op: f for f in FUSIONS}
+# TE's op classes the database builds, once each, in its order.
+DATABASE_OPS: tuple[str, ...] = tuple(dict.fromkeys(info.op for info in OPS.values()))
 
 
 def needs_process_group(keys: tuple[str, ...]) -> bool:

@@ -9,13 +9,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from cases.ops.database import FUSION_OF, NOT_COVERED, OPS
+from cases.ops.database import DATABASE_OPS, FUSION_OF, NOT_COVERED
 from cases.ops.generated import keys_of
 from cases.pipeline_info import ops_used
 from cases.pipelines import PIPELINES
-
-NOT_RUN = ("not_applicable", "harness_error")
-DATABASE_OPS = frozenset(info.op for info in OPS.values())
+from harness.runner.signature import UNJUDGED
 
 
 @dataclass(frozen=True)
@@ -46,7 +44,7 @@ def _window_cases(records: list[Mapping[str, Any]], windows: Iterable[tuple[str,
 
 def coverage(inventory: Mapping[str, list[str]], records: list[Mapping[str, Any]]) -> list[Row]:
     """One row per basic op, then per fused op, of the target, in its inventory's order."""
-    ran = [r for r in records if r.get("outcome") not in NOT_RUN]
+    ran = [r for r in records if r.get("outcome") not in UNJUDGED]
     built: dict[str, int] = {}
     for record in ran:
         for op in ops_of(record):
@@ -68,7 +66,7 @@ def _basic_gap(op: str, records: list[Mapping[str, Any]]) -> str:
         return NOT_COVERED[op]
     if op not in DATABASE_OPS:
         return "no op database entry (cases/ops/database.py)"
-    notes = {str(r.get("note")) for r in records if op in ops_of(r) and r.get("outcome") in NOT_RUN}
+    notes = {str(r.get("note")) for r in records if op in ops_of(r) and r.get("outcome") in UNJUDGED}
     if notes:
         return "its cases did not run: " + "; ".join(sorted(notes))[:300]
     return "in the op database, but the run holds no case that builds it (run --matrix generated)"

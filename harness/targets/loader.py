@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cases.ops.database import OPS
+from cases.ops.database import DATABASE_OPS
 from harness.engine.frames import innermost_te_frame
 from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
@@ -44,9 +44,6 @@ OLD_NAMES = {"AddExtraInput": "AddInPlace"}
 # TE's compute ops the cases build, from te.ops, and the te.pytorch modules Megatron subclasses.
 COMPUTE_OPS = ("RMSNorm", "LayerNorm", "BasicLinear", "Bias", "GELU", "ReLU", "SwiGLU")
 TE_MODULES = ("RMSNorm", "LayerNorm")
-# The op database's ops (cases/ops/database.py), for the generated pipelines; kept apart from the ops the
-# catalogue's pipelines name, which a target's description lists.
-DATABASE_OPS = tuple(dict.fromkeys(info.op for info in OPS.values()))
 # The basic ops upstream's te.ops has held (2.1-2.20), by class name. A BasicOperation subclass of
 # another name in a tree's te.ops is the fork's own: where one of ours is missing, it may be that op renamed.
 UPSTREAM_BASIC_OPS = frozenset({
@@ -265,7 +262,8 @@ def _load_cpu(prepared: PreparedTarget, answer_also: tuple[Path, ...]) -> Loaded
 
 
 def _add_database_ops(spec: str, te_ops_module: Any, ops: dict[str, Any], missing: dict[str, str]) -> None:
-    """The op database's ops te.ops holds, beside the catalogue's; each one it lacks, with why."""
+    """The op database's ops te.ops holds, beside the catalogue's (kept out of `te_ops`, which a
+    target's description lists); each one it lacks, with why."""
     for name in DATABASE_OPS:
         if name in ops or name in missing:
             continue
