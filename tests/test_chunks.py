@@ -65,3 +65,22 @@ def test_a_case_deaf_to_the_alarm_is_ended_by_the_watchdog(tmp_path: Path, cache
     results = _run(tmp_path, cache, monkeypatch, {stuck: "stuck"}, case_timeout=3)
     assert results[stuck]["outcome"] == "crash" and results[stuck]["error"]["message"] == "per-case timeout"
     assert all(results[c]["outcome"] != "crash" for c in one_chunk if c != stuck)
+
+
+def test_a_session_whose_last_case_has_started_frees_its_slot(tmp_path: Path) -> None:
+    """The next target's session starts once the running one has begun its last case: its start-up
+    overlaps that case and the teardown. A session with a case not yet started still holds its slot."""
+    from types import SimpleNamespace
+
+    cases = [c for s in generate(MATRIX, ONLY) for c in s.cases][:3]
+    target = SimpleNamespace(spec=TARGET)
+    (tmp_path / "sessions").mkdir()
+    inflight = tmp_path / "sessions" / f"{rundir.session_name(target.spec)}.inflight.jsonl"
+    running = {1: (None, (target, cases, {}, 0))}
+    started = sessions.StartedReader(tmp_path)
+    assert sessions._busy(running, started) == 1  # type: ignore[arg-type]
+    inflight.write_text("".join(json.dumps({"case_id": c.case_id, "worker": "gw0"}) + "\n" for c in cases[:2]))
+    assert sessions._busy(running, started) == 1  # type: ignore[arg-type]
+    with open(inflight, "a") as out:
+        out.write(json.dumps({"case_id": cases[2].case_id, "worker": "gw0"}) + "\n")
+    assert sessions._busy(running, started) == 0  # type: ignore[arg-type]

@@ -172,3 +172,49 @@ def test_the_runs_judge_never_imports_a_target(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
                             check=True)
     assert result.stdout.strip() == "1 []", result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("text", [
+    '{"test":1},"case_id":"issue22:other"',  # a second value that would add a field to the controller's line
+    '{"test":\n1}',  # a line break: the line would split in two
+    '{"test": "\u00e9"}',  # not ASCII, as the worker's encoder never writes
+    '{"test":',  # cut short
+])
+def test_a_workers_text_that_is_not_one_observation_is_a_harness_error_of_its_own_case(tmp_path: Path,
+                                                                                      text: str) -> None:
+    """The worker sends its observation as JSON text, written into the controller's line as it came: a
+    text that is not exactly one JSON value on one line is sent on as a string, and the judge records a
+    harness error for the case the controller had in flight, never another case and never a pass."""
+    key = b"k" * 32
+    judge = _judge(tmp_path, key)
+    judge.path.write_text(observations.line_of_text(CASE.case_id, "te-2.13.0", text, key))
+    assert judge.poll() == 1 and not judge.rejected
+    record, = (json.loads(line) for line in judge.results.read_text().splitlines())
+    assert (record["case_id"], record["outcome"]) == (CASE.case_id, "harness_error")
+    assert "not a mapping" in record["note"]
+
+
+def test_the_workers_text_is_the_observation_the_judge_reads(tmp_path: Path) -> None:
+    key = b"k" * 32
+    judge = _judge(tmp_path, key)
+    text = observations.raw_text(_raw(1.5))
+    assert "\n" not in text and text.isascii()
+    judge.path.write_text(observations.line_of_text(CASE.case_id, "te-2.13.0", text, key))
+    assert judge.poll() == 1
+    assert json.loads(judge.results.read_text())["outcome"] == "wrong_output"
+
+
+def test_the_judge_imports_torch_only_when_there_is_something_to_judge(tmp_path: Path) -> None:
+    """The runner creates its judge before the sessions start; torch's import (seconds) then waits for
+    the first observation instead of delaying every session's start."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    probe = ("import sys, pathlib; from harness.runner import observations\n"
+             "judge = observations.Judge(pathlib.Path(sys.argv[1]) / 'obs.jsonl', pathlib.Path(sys.argv[1]) / 'r.jsonl',"
+             " None, {}, {}); judge.poll(); print('torch' in sys.modules)")
+    result = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
+                            check=True)
+    assert result.stdout.strip() == "False", result.stdout + result.stderr

@@ -20,6 +20,7 @@ DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.int8, torch.uint8, torch.bool, torch.complex64)}
 ITEMSIZE = {name: torch.empty((), dtype=dtype).element_size() for name, dtype in DTYPES.items()}
 MAX_DEPTH = 32
+PLAIN = frozenset({str, int, float, bool, type(None), bytes})  # leaves: returned as they are, without a call
 
 
 class WireError(ValueError):
@@ -49,11 +50,11 @@ def unpack(value: Any, depth: int = 0) -> Any:
     if isinstance(value, dict):
         if TENSOR in value:
             return _tensor(value[TENSOR])
-        return {k: unpack(v, depth + 1) for k, v in value.items()}
+        return {k: v if type(v) in PLAIN else unpack(v, depth + 1) for k, v in value.items()}
     if isinstance(value, list):
-        return [unpack(v, depth + 1) for v in value]
+        return [v if type(v) in PLAIN else unpack(v, depth + 1) for v in value]
     if isinstance(value, tuple):
-        return tuple(unpack(v, depth + 1) for v in value)
+        return tuple(v if type(v) in PLAIN else unpack(v, depth + 1) for v in value)
     return value
 
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from harness.runner import rundir, seal
+from harness.runner.textsafe import safe_value
 
 BYTES = "$bytes"  # a tensor's bytes, as text in a JSON line
 
@@ -39,11 +40,48 @@ def _text_as_bytes(value: dict[str, Any]) -> Any:
     return value
 
 
+def raw_text(raw: Any) -> str:
+    """A worker's raw observation as the JSON text its controller forwards: encoded once, by the
+    worker, so that xdist's channel carries one string (execnet walks a nested value in Python, on
+    both sides) and the controller writes it as it came."""
+    try:
+        return json.dumps(raw, separators=(",", ":"), default=_bytes_as_text)
+    except (TypeError, ValueError, RecursionError):  # a value JSON does not take: made plain first
+        return json.dumps(safe_value(raw, keep_bytes=True), separators=(",", ":"), default=_bytes_as_text)
+
+
+def _one_value(text: Any) -> bool:
+    """Whether a worker's text is one JSON value on one line of ASCII: it then cannot add fields
+    to the line it is written into, nor split it."""
+    if not (isinstance(text, str) and text.isascii() and "\n" not in text and "\r" not in text):
+        return False
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
+
+
+def line_of_text(case_id: str, target: str, text: Any, key: bytes | None) -> str:
+    """The controller's line for one raw observation a worker sent as text (`raw_text`): the seal
+    of the line's JSON, then the JSON, the case and target the controller's own. A text that is not
+    one JSON value goes on as a string, which the judge records as a harness error of the case."""
+    body = text if _one_value(text) else json.dumps(f"not an observation: {str(text)[:200]}")
+    line_text = f'{{"case_id":{json.dumps(case_id)},"target":{json.dumps(target)},"raw":{body}}}'
+    return f"{seal.text_mac(line_text, key) if key else '-'} {line_text}\n"
+
+
 def line(case_id: str, target: str, raw: Any, key: bytes | None) -> str:
-    """The controller's line for one raw observation a worker sent: the seal of the JSON text,
-    then the text (sealed as written: neither side serialises it twice)."""
-    text = json.dumps({"case_id": case_id, "target": target, "raw": raw}, separators=(",", ":"), default=_bytes_as_text)
-    return f"{seal.text_mac(text, key) if key else '-'} {text}\n"
+    """The line for a raw observation given as a value."""
+    return line_of_text(case_id, target, raw_text(raw), key)
+
+
+def _torch_for_judging() -> None:
+    """torch, imported when the first observation comes rather than before the sessions start:
+    its import then overlaps the workers' start-up instead of delaying it."""
+    import torch
+
+    torch.set_num_threads(1)  # tiny tensors: judging beside the workers, never against them
 
 
 class Judge:
@@ -51,9 +89,6 @@ class Judge:
 
     def __init__(self, path: Path, results: Path, key: bytes | None, roles: dict[str, dict[str, str]],
                  versions: dict[str, str]) -> None:
-        import torch
-
-        torch.set_num_threads(1)  # tiny tensors: judging beside the workers, never against them
         self.path, self.results, self.key = path, results, key
         self.roles, self.versions = roles, versions
         self.offset, self.lines = 0, 0
@@ -70,6 +105,8 @@ class Judge:
             handle.seek(self.offset)
             chunk = handle.read()
         complete = chunk[: chunk.rfind(b"\n") + 1]
+        if complete:
+            _torch_for_judging()
         records = [record for text in complete.splitlines() if (record := self._judged(text)) is not None]
         if records:
             rundir.append_records(self.results, records, self.key)
@@ -114,12 +151,13 @@ class Judge:
                                     "the judge failed", traceback.format_exc(), type(exc).__name__)
 
     def _reference(self, case: Any) -> dict[str, Any] | None:
+        from harness.engine import wire
         from harness.engine.reference import independent, reference_side
 
         if not independent(case):
             return None
-        if case.case_id not in self.references:
-            self.references[case.case_id] = reference_side(case)
+        if case.case_id not in self.references:  # read back once, for every target (unpack keeps a tensor as is)
+            self.references[case.case_id] = wire.unpack(reference_side(case))
         return self.references[case.case_id]
 
     def problems(self) -> list[str]:

@@ -45,8 +45,8 @@ from typing import Any, cast
 
 import pytest
 
-from harness.runner import liveness, memory, rundir, seal
-from harness.runner.textsafe import safe_text, safe_value
+from harness.runner import liveness, memory, observations, rundir, seal
+from harness.runner.textsafe import safe_text
 
 # Imports of torch-heavy modules stay inside the functions: the xdist controller needs none.
 
@@ -268,8 +268,9 @@ class CaseChunk(pytest.Item):
                 self._notify("loading", case.case_id)
                 _worker_setup(self.config)
                 self._notify("description", safe_text(_state["description"]))
-            raw = safe_value(self._run_one(case), keep_bytes=True)  # made safe before it crosses xdist's channel
-            self._notify("record", {"case_id": case.case_id, "target": _state["spec"], "raw": raw})
+            raw = self._run_one(case)
+            self._notify("record", {"case_id": case.case_id, "target": _state["spec"],
+                                    "raw_text": observations.raw_text(raw)})
             if (observed := raw.get("observed")) and observed["outcome"] == "harness_error":
                 errors.append(f"{case.case_id}: {observed['error']['message'] if observed['error'] else observed['note']}")
         if _state["startup"] != _state.get("startup_sent"):  # after the first chunk, and after Megatron's import
@@ -421,7 +422,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             _write_records(config, [{seal.REJECTED: problem, "target": spec}])
             return
         _state["recorded"].add(payload["case_id"])
-        _forward(config, spec, payload["case_id"], payload.get("raw"))
+        _forward(config, spec, payload["case_id"], payload.get("raw_text"))
     elif kind in ("description", "loaded"):
         with _lock:  # loaded: the case's own time starts now
             if key in inflight:
@@ -434,13 +435,12 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             handle.write(json.dumps(payload) + "\n")
 
 
-def _forward(config: pytest.Config, spec: str, case_id: str, raw: Any) -> None:
-    """Hand a raw observation to the run's judge, the runner (harness.runner.observations): this
-    process never imports torch, and neither judges nor computes a reference."""
-    from harness.runner import observations
-
+def _forward(config: pytest.Config, spec: str, case_id: str, raw_text: Any) -> None:
+    """Hand a raw observation, as the worker's JSON text, to the run's judge, the runner
+    (harness.runner.observations): this process never imports torch, and neither judges nor
+    computes a reference."""
     rundir.append_locked(Path(config.getoption("--repro-observations")),
-                         observations.line(case_id, spec, raw, _state.get("seal_key")))
+                         observations.line_of_text(case_id, spec, raw_text, _state.get("seal_key")))
 
 
 def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:

@@ -226,6 +226,39 @@ def _record_lost_in_flight(target: targets.PreparedTarget, roles: dict[str, str]
             for case_id in lost]
 
 
+class StartedReader:
+    """The cases each session's controller heard start (its `.inflight.jsonl`), read as appended."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.offsets: dict[str, int] = {}
+        self.started: dict[str, set[str]] = {}
+
+    def poll(self, spec: str) -> set[str]:
+        path = self.out_dir / "sessions" / f"{session_name(spec)}.inflight.jsonl"
+        started = self.started.setdefault(spec, set())
+        if path.is_file():
+            with open(path, "rb") as handle:
+                handle.seek(self.offsets.get(spec, 0))
+                chunk = handle.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            self.offsets[spec] = self.offsets.get(spec, 0) + len(complete)
+            for line in complete.splitlines():
+                with contextlib.suppress(ValueError, AttributeError, TypeError):
+                    started.add(json.loads(line)["case_id"])
+        return started
+
+
+def _busy(running: dict[int, tuple[subprocess.Popen[bytes], tuple[Any, list[Case], Any, int]]],
+          started: StartedReader) -> int:
+    """The sessions that hold a slot: once a session's last case has started, the next session
+    starts beside it, so that its start-up (seconds of imports) overlaps that case and the
+    session's teardown instead of following them. Scheduling only: what a session records
+    is still read from its records."""
+    return sum(1 for _, (target, cases, _, _) in running.values()
+               if not started.poll(target.spec).issuperset(c.case_id for c in cases))
+
+
 def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]], out_dir: Path, jsonl: Path,
                   workers: int, progress: Callable[[str], None], case_timeout: float,
                   tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
@@ -241,6 +274,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
     each session records at least one case."""
     large = tx or any(len(cases) > LARGE_SESSION for _, cases, _ in plan)
     concurrent, per_session = (1, workers) if large else (max(1, workers), 1)
+    started = StartedReader(out_dir)
     reader, pending, last = ProgressReader(jsonl, key), [(t, c, r, 0) for t, c, r in plan if c], ""
     running: dict[int, tuple[subprocess.Popen[bytes], tuple[targets.PreparedTarget, list[Case], dict[str, str], int]]]
     running = {}
@@ -253,7 +287,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                                {t.spec: t.version or "" for t, _, _ in plan})
     try:
         while pending or running:
-            while pending and len(running) < concurrent:
+            while pending and (len(running) if large else _busy(running, started)) < concurrent:
                 job = pending.pop(0)
                 target, cases, roles, attempt = job
                 process = _start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout, attempt,
