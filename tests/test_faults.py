@@ -136,3 +136,34 @@ def test_unloadable_target_is_recorded_not_lost(tmp_path: Path, cache: Path) -> 
     ran = run["results"]
     assert ran and all(r["target"] == spec and r["verdict"] == "harness_error" for r in ran)
     assert "NoSuchSymbolForTest" in ran[0]["note"]
+
+
+def test_the_results_read_as_they_grow_are_the_results_read_at_the_end(tmp_path: Path) -> None:
+    """The runner reads results.jsonl while its sessions write it and assembles the run from what it
+    read: the same records, problems and rejected lines, with the same line numbers, as reading the
+    whole file once; a last line without its newline is read only at the end, as a corrupt record."""
+    from harness.runner import rundir, seal
+
+    key = b"k" * 32
+    path = tmp_path / "results.jsonl"
+
+    def record(case: str) -> str:
+        return json.dumps(seal.sealed({"case_id": case, "target": "t", "outcome": "pass", "verdict": "unaffected",
+                                       "expected": "pass"}, key)) + "\n"
+
+    pieces = [record("a"), "not json\n", record("b")[:20], record("b")[20:],
+              json.dumps({"case_id": "c", "target": "t", "outcome": "pass", "verdict": "unaffected",
+                          "expected": "pass", "seal": "0" * 64}) + "\n",  # a forged line
+              json.dumps(seal.rejection("t", "refused", key)) + "\n", record("d"), '{"case_id": "e"']
+    reader = rundir.SealedReader(path, key)
+    seen = []
+    for piece in pieces:
+        with open(path, "a") as out:
+            out.write(piece)
+        seen += [r["case_id"] for r in reader.poll()]
+    assert seen == ["a", "b", "d"]
+    reader.poll(final=True)
+    assert (reader.records, reader.problems, reader.rejected) == rundir.read_sealed(path, key)
+    assert reader.problems == ["results.jsonl line 2: corrupt record skipped (Expecting value)",
+                               "results.jsonl line 7: corrupt record skipped (Expecting ',' delimiter)"]
+    assert len(reader.rejected) == 2 and "line 4:" in reader.rejected[0]

@@ -207,24 +207,27 @@ def append_records(path: Path, records: list[dict[str, Any]], key: bytes | None)
 def _parsed_lines(path: Path, problems: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each line of a results.jsonl that parses as a JSON object; a
     line that is not UTF-8, not JSON or not an object is named in `problems` and skipped."""
-    if not path.is_file():
-        return
-    for number, raw in enumerate(path.read_bytes().splitlines(), start=1):
+    if path.is_file():
+        yield from _parsed(path.name, path.read_bytes().splitlines(), 1, problems)
+
+
+def _parsed(name: str, lines: list[bytes], first: int, problems: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+    for number, raw in enumerate(lines, start=first):
         if not raw.strip():
             continue
         try:
             record = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
-            problems.append(f"{path.name} line {number}: not UTF-8, skipped")
+            problems.append(f"{name} line {number}: not UTF-8, skipped")
             continue
         except json.JSONDecodeError as exc:
-            problems.append(f"{path.name} line {number}: corrupt record skipped ({exc.msg})")
+            problems.append(f"{name} line {number}: corrupt record skipped ({exc.msg})")
             continue
         except RecursionError:
-            problems.append(f"{path.name} line {number}: nested too deep for a record, skipped")
+            problems.append(f"{name} line {number}: nested too deep for a record, skipped")
             continue
         if not isinstance(record, dict):
-            problems.append(f"{path.name} line {number}: not a JSON object, skipped")
+            problems.append(f"{name} line {number}: not a JSON object, skipped")
             continue
         yield number, record
 
@@ -254,22 +257,49 @@ def read_results(path: Path) -> tuple[list[dict[str, Any]], list[str]]:
     return records, problems
 
 
+class SealedReader:
+    """A results.jsonl read as it grows, each line once: the records whose seal holds under the
+    run's key, the problems, and the rejected, as `read_sealed` gives them for the whole file. The
+    runner reads it during the run (its progress) and the run is assembled from what it read."""
+
+    def __init__(self, path: Path, key: bytes) -> None:
+        self.path, self.key, self.offset, self.lines = path, key, 0, 0
+        self.records: list[dict[str, Any]] = []
+        self.problems: list[str] = []
+        self.rejected: list[str] = []
+
+    def poll(self, final: bool = False) -> list[dict[str, Any]]:
+        """The records of the lines added since the last poll: whole lines only, or, `final`,
+        also a last line that never got its newline (named a problem, as a corrupt record)."""
+        if not self.path.is_file():
+            return []
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset)
+            chunk = handle.read()
+        taken = chunk if final else chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(taken)
+        lines = taken.splitlines()
+        first, self.lines = self.lines + 1, self.lines + len(lines)
+        found = []
+        for number, raw in _parsed(self.path.name, lines, first, self.problems):
+            if not seal.holds(raw, self.key):
+                self.rejected.append(f"{self.path.name} line {number}: a record for {raw.get('target')!r} "
+                                     f"{raw.get('case_id')!r} that no process of this run wrote (its seal does not "
+                                     "hold); ignored")
+            elif seal.REJECTED in raw:
+                self.rejected.append(f"{raw.get('target')}: {raw[seal.REJECTED]}")
+            elif (record := _record_of(self.path, number, raw, self.problems)) is not None:
+                found.append(record)
+        self.records += found
+        return found
+
+
 def read_sealed(path: Path, key: bytes) -> tuple[list[dict[str, Any]], list[str], list[str]]:
     """As `read_results`, counting only the lines whose seal holds under the run's key; also
     the rejected: the records a controller refused, and each line no process of the run wrote."""
-    records: list[dict[str, Any]] = []
-    problems: list[str] = []
-    rejected: list[str] = []
-    for number, raw in _parsed_lines(path, problems):
-        if not seal.holds(raw, key):
-            rejected.append(f"{path.name} line {number}: a record for {raw.get('target')!r} "
-                            f"{raw.get('case_id')!r} that no process of this run wrote (its seal does not hold); "
-                            "ignored")
-        elif seal.REJECTED in raw:
-            rejected.append(f"{raw.get('target')}: {raw[seal.REJECTED]}")
-        elif (record := _record_of(path, number, raw, problems)) is not None:
-            records.append(record)
-    return records, problems, rejected
+    reader = SealedReader(path, key)
+    reader.poll(final=True)
+    return reader.records, reader.problems, reader.rejected
 
 
 def check_run_document(run: Any, path: Path) -> None:

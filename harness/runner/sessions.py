@@ -60,35 +60,21 @@ BAD_VALUES = frozenset(v.value for v in BAD_VERDICTS)
 
 
 class ProgressReader:
-    """Counts records per target as they are appended, reading only the new bytes; with the
-    run's key, only the lines its own processes sealed."""
+    """Counts records per target as they are appended (rundir.SealedReader: only the lines the
+    run's own processes sealed, each read once); the run is assembled from what it read."""
 
-    def __init__(self, path: Path, key: bytes | None = None) -> None:
-        self.path, self.offset, self.key = path, 0, key
+    def __init__(self, path: Path, key: bytes) -> None:
+        self.sealed = rundir.SealedReader(path, key)
         self.done: dict[str, int] = {}
         self.failing: dict[str, int] = {}
         self.verdicts: dict[str, dict[str, int]] = {}
         self.case_ids: dict[str, set[str]] = {}
 
-    def poll(self) -> None:
-        if not self.path.is_file():
-            return
-        with open(self.path, "rb") as handle:
-            handle.seek(self.offset)
-            chunk = handle.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self.offset += len(complete)
-        for line in complete.splitlines():
-            try:
-                record = json.loads(line)
-            except (ValueError, RecursionError):
-                continue  # assemble names it
-            if (not isinstance(record, dict) or seal.REJECTED in record or not isinstance(record.get("target"), str)
-                    or (self.key is not None and not seal.holds(record, self.key))):
-                continue  # only the run's own records count, as in assemble
+    def poll(self, final: bool = False) -> None:
+        for record in self.sealed.poll(final):
             spec, verdict = record["target"], str(record.get("verdict"))
             self.done[spec] = self.done.get(spec, 0) + 1
-            self.case_ids.setdefault(spec, set()).add(str(record.get("case_id")))
+            self.case_ids.setdefault(spec, set()).add(record["case_id"])
             self.failing[spec] = self.failing.get(spec, 0) + (verdict in BAD_VALUES)
             counts = self.verdicts.setdefault(spec, {})
             counts[verdict] = counts.get(verdict, 0) + 1
@@ -263,7 +249,8 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                   workers: int, progress: Callable[[str], None], case_timeout: float,
                   tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
                   load_timeout: float = LOAD_TIMEOUT_S, problems: list[str] | None = None,
-                  max_rss: int = 0, key: bytes | None = None, rejected: list[str] | None = None) -> dict[str, int]:
+                  max_rss: int = 0, key: bytes | None = None, rejected: list[str] | None = None,
+                  reader: ProgressReader | None = None) -> dict[str, int]:
     """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
     seconds, so for ordinary selections the sessions run side by side, one worker each;
     a session too large for that gets all the workers, one session at a time. With xdist
@@ -271,11 +258,13 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
 
     A worker that dies leaves the rest of its chunk of cases without records: when a
     session ends so, a follow-up session runs its target's unrecorded cases, as long as
-    each session records at least one case."""
+    each session records at least one case. `reader`: the run's reader of the results file
+    (given, the run is assembled from what it read)."""
     large = tx or any(len(cases) > LARGE_SESSION for _, cases, _ in plan)
     concurrent, per_session = (1, workers) if large else (max(1, workers), 1)
     started = StartedReader(out_dir)
-    reader, pending, last = ProgressReader(jsonl, key), [(t, c, r, 0) for t, c, r in plan if c], ""
+    reader = reader or ProgressReader(jsonl, key or b"")
+    pending, last = [(t, c, r, 0) for t, c, r in plan if c], ""
     running: dict[int, tuple[subprocess.Popen[bytes], tuple[targets.PreparedTarget, list[Case], dict[str, str], int]]]
     running = {}
     exits: dict[str, int] = {}
@@ -431,14 +420,15 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     session_problems: list[str] = []
     session_rejected: list[str] = []  # observations the run's judge refused (harness.runner.observations)
     seal_key = seal.new_key()  # this run's: only the lines its own processes seal count
+    reader = ProgressReader(jsonl, seal_key)
     try:
         exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout, tx, rsyncdirs, load_timeout,
                               session_problems, memory.default_max_rss(workers) if max_rss is None else max_rss,
-                              seal_key, session_rejected)
+                              seal_key, session_rejected, reader)
     finally:
         signal.signal(signal.SIGTERM, previous)
     descriptions = {spec: _read_description(out_dir, target) for spec, target in prepared.items()}
-    run = assemble(out_dir, matrix, selections, plan, roles, excluded, descriptions, seal_key)
+    run = assemble(matrix, selections, plan, roles, excluded, descriptions, reader.sealed)
     run["target_problems"] = [{"target": spec, "problem": line} for spec, line in blocked.items()]
     run["problems"] = session_problems + run["problems"]
     run["rejected"] = session_rejected + run["rejected"]
@@ -447,11 +437,13 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     return run
 
 
-def assemble(out_dir: Path, matrix: str, selections: list[Selection],
+def assemble(matrix: str, selections: list[Selection],
              plan: list[tuple[targets.PreparedTarget, list[Case], dict[str, str]]],
              roles: dict[str, dict[str, tuple[Role, str]]], excluded: dict[str, dict[str, int]],
-             descriptions: dict[str, str], key: bytes) -> dict[str, Any]:
-    found, problems, rejected = rundir.read_sealed(out_dir / "results.jsonl", key)
+             descriptions: dict[str, str], sealed: rundir.SealedReader) -> dict[str, Any]:
+    """The run from the results file's records, as `sealed` has read them (the rest read now)."""
+    sealed.poll(final=True)
+    found, problems, rejected = sealed.records, sealed.problems, sealed.rejected
     by_key = {(r["target"], r["case_id"]): r for r in found}
     results = [by_key[(t.spec, c.case_id)] for t, cases, _ in plan for c in cases if (t.spec, c.case_id) in by_key]
     expected = sum(len(cases) for _, cases, _ in plan)
