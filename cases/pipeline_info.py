@@ -15,7 +15,6 @@ if TYPE_CHECKING:
 HIDDEN = 16
 BATCH = 4  # rows of every pipeline's input
 Tensors = Sequence["torch.Tensor"]
-PARAMETER_OPS = frozenset({"RMSNorm", "LayerNorm", "BasicLinear", "Bias"})
 
 
 @dataclass(frozen=True)
@@ -47,7 +46,9 @@ class PipelineInfo:
 
     @property
     def has_params(self) -> bool:
-        return bool(ops_used(self) & PARAMETER_OPS)
+        """Whether the pipeline holds parameters: read off `params`, which names every one (without
+        building the pipeline, which can need torch; GroupedLinear's weights count)."""
+        return bool(self.params)
 
     @property
     def generated(self) -> bool:

@@ -5,6 +5,7 @@ also those inside functions."""
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 from tests.conftest import REPO
 
@@ -91,3 +92,19 @@ def test_the_cli_and_the_catalogue_import_no_torch() -> None:
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert result.stdout.strip() == "[]", result.stdout[:300]
+
+
+def test_a_run_starts_its_first_session_before_importing_torch(tmp_path: Path) -> None:
+    """`repro run` plans the matrix (each of its candidate cases), prepares its targets and starts the
+    first session without torch: the judge imports it when the first observation comes, beside the
+    workers' start-up instead of before it."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys\nfrom harness.runner import sessions\nfrom repro.cli import main\n"
+            "def first(*args, **kwargs):\n"
+            "    print('torch' in sys.modules, flush=True)\n    os._exit(0)\n"
+            "sessions._start_session = first\n"
+            f"sys.argv = ['repro', 'run', '--matrix', 'all', '-n', '2', '--out', {str(tmp_path / 'run')!r}]\nmain()")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False, cwd=REPO)
+    assert result.stdout.strip() == "False", result.stdout[-300:] + result.stderr[-2000:]

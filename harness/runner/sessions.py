@@ -382,10 +382,12 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     roles = {spec: {s.regression.id: (role_override, "given by the caller") if role_override
                     else role_of(s.regression, prepared[spec]) for s in chosen}
              for spec, chosen in by_target.items()}
-    from harness.targets.devices import unavailable_reasons
-
     devices = {c.get("device") or "cpu" for s in selections for c in s.cases}
-    device_reasons = unavailable_reasons() if devices - {"cpu"} else {"cpu": None}
+    device_reasons: dict[str, str | None] = {"cpu": None}
+    if devices - {"cpu"}:  # asking torch for devices imports it (seconds before the first session starts)
+        from harness.targets.devices import unavailable_reasons
+
+        device_reasons = unavailable_reasons()
     excluded = {s.regression.id: dict(s.excluded) for s in selections}
     runnable: dict[str, list[Case]] = {s.regression.id: [] for s in selections}
     for selection in selections:
