@@ -218,3 +218,25 @@ def test_the_judge_imports_torch_only_when_there_is_something_to_judge(tmp_path:
     result = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True, cwd=REPO,
                             check=True)
     assert result.stdout.strip() == "False", result.stdout + result.stderr
+
+
+def test_the_records_the_judge_hands_over_are_those_read_back(tmp_path: Path) -> None:
+    """The runner's reader takes the judge's records as the judge wrote them instead of parsing their
+    lines again: they are the records read back from the file (a wrong output, a pass, a harness error,
+    their strings and numbers), and a copy of such a line is still read, as a second record."""
+    from harness.runner import rundir
+
+    key = b"k" * 32
+    reader = rundir.SealedReader(tmp_path / "results.jsonl", key)
+    judge = observations.Judge(tmp_path / "observations.jsonl", reader.path, key,
+                               {"te-2.13.0": {"issue22": Role.UNPATCHED.value}}, {"te-2.13.0": "2.13.0"}, reader.written)
+    with open(judge.path, "w") as out:
+        out.write(observations.line(CASE.case_id, "te-2.13.0", _raw(1.0), key))
+        out.write(observations.line(OTHER.case_id, "te-2.13.0", _raw(1.5, OTHER), key))
+    assert judge.poll() == 2 and len(reader.written) == 2
+    with open(reader.path, "a") as out:
+        out.write(reader.path.read_text().splitlines()[0] + "\n")  # a copied line
+    reader.poll(final=True)
+    assert not reader.written
+    assert reader.records == rundir.read_sealed(reader.path, key)[0]
+    assert [r["outcome"] for r in reader.records] == ["pass", "wrong_output", "pass"]

@@ -88,8 +88,9 @@ class Judge:
     """Reads the observations file from where it left off and judges each sealed line once."""
 
     def __init__(self, path: Path, results: Path, key: bytes | None, roles: dict[str, dict[str, str]],
-                 versions: dict[str, str]) -> None:
-        self.path, self.results, self.key = path, results, key
+                 versions: dict[str, str], written: dict[bytes, dict[str, Any]] | None = None) -> None:
+        """`written`: where to leave each line written with its record (rundir.SealedReader.written)."""
+        self.path, self.results, self.key, self.written = path, results, key, written
         self.roles, self.versions = roles, versions
         self.offset, self.lines = 0, 0
         self.rejected: list[str] = []
@@ -109,7 +110,10 @@ class Judge:
             _torch_for_judging()
         records = [record for text in complete.splitlines() if (record := self._judged(text)) is not None]
         if records:
-            rundir.append_records(self.results, records, self.key)
+            lines = rundir.append_records(self.results, records, self.key)
+            if self.written is not None:
+                self.written.update((line.encode("utf-8", "surrogateescape"), record)
+                                    for line, record in zip(lines, records))
         self.offset += len(complete)
         return len(records)
 

@@ -199,9 +199,11 @@ def append_locked(path: Path, text: str) -> None:
         fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def append_records(path: Path, records: list[dict[str, Any]], key: bytes | None) -> None:
-    """Append records as whole lines, each sealed with the run's key (harness.runner.seal)."""
-    append_locked(path, "".join(json.dumps(seal.sealed(record, key) if key else record) + "\n" for record in records))
+def append_records(path: Path, records: list[dict[str, Any]], key: bytes | None) -> list[str]:
+    """Append records as whole lines, each sealed with the run's key (harness.runner.seal); returns the lines."""
+    lines = [json.dumps(seal.sealed(record, key) if key else record) for record in records]
+    append_locked(path, "".join(line + "\n" for line in lines))
+    return lines
 
 
 def _parsed_lines(path: Path, problems: list[str]) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -264,6 +266,9 @@ class SealedReader:
 
     def __init__(self, path: Path, key: bytes) -> None:
         self.path, self.key, self.offset, self.lines = path, key, 0, 0
+        # The lines this process wrote itself (the run's judge), with their records: read back
+        # without parsing them or checking their seal again. A copy of such a line is read as any line.
+        self.written: dict[bytes, dict[str, Any]] = {}
         self.records: list[dict[str, Any]] = []
         self.problems: list[str] = []
         self.rejected: list[str] = []
@@ -280,8 +285,8 @@ class SealedReader:
         self.offset += len(taken)
         lines = taken.splitlines()
         first, self.lines = self.lines + 1, self.lines + len(lines)
-        found = []
-        for number, raw in _parsed(self.path.name, lines, first, self.problems):
+        found: list[dict[str, Any]] = []
+        for number, raw in _parsed(self.path.name, self._unwritten(lines, found), first, self.problems):
             if not seal.holds(raw, self.key):
                 self.rejected.append(f"{self.path.name} line {number}: a record for {raw.get('target')!r} "
                                      f"{raw.get('case_id')!r} that no process of this run wrote (its seal does not "
@@ -292,6 +297,19 @@ class SealedReader:
                 found.append(record)
         self.records += found
         return found
+
+    def _unwritten(self, lines: list[bytes], found: list[dict[str, Any]]) -> list[bytes]:
+        """`lines` with those this process wrote taken out (their records go to `found`); each
+        line's place kept (as an empty line, which is skipped), so the numbers stay the file's."""
+        if not self.written:
+            return lines
+        kept = []
+        for line in lines:
+            record = self.written.pop(line, None)
+            if record is not None:
+                found.append(record)
+            kept.append(b"" if record is not None else line)
+        return kept
 
 
 def read_sealed(path: Path, key: bytes) -> tuple[list[dict[str, Any]], list[str], list[str]]:

@@ -273,7 +273,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
     totals = {t.spec: len(cases) for t, cases, _ in plan}
     (out_dir / "sessions").mkdir(exist_ok=True)
     judge = observations.Judge(observations_path(out_dir), jsonl, key, {t.spec: r for t, _, r in plan},
-                               {t.spec: t.version or "" for t, _, _ in plan})
+                               {t.spec: t.version or "" for t, _, _ in plan}, reader.sealed.written)
     try:
         while pending or running:
             while pending and (len(running) if large else _busy(running, started)) < concurrent:
