@@ -13,6 +13,11 @@
    run's own workers measured it (sessions/*.startup.jsonl), next to the floor processes'.
 
     python benchmarks/harness_speed.py [--matrix issue22] [--targets A,B] [-n 2] [--threads-too] [--json PATH]
+                                       [--old CHECKOUT [--rounds R]]
+
+With `--old`, an older checkout's `repro run` is timed too, in alternating rounds (old, new, new,
+old, ...) so both sides see the same machine, and both are set against the same floor: each side's
+wall / (floor + start-up), and the new side's wall over the old's (medians over the rounds).
 
 Figures depend on the machine and on what else runs on it: the load average is printed
 with them. Ratios, never a pass or fail on time.
@@ -36,11 +41,12 @@ from timed_run import timed_repro_run
 REPO = Path(__file__).resolve().parent.parent
 
 
-def run_once(matrix: str, targets: str | None, workers: int, out: Path, only: list[str]) -> dict[str, Any]:
-    """Figure 1: `repro run` end to end."""
+def run_once(matrix: str, targets: str | None, workers: int, out: Path, only: list[str],
+             checkout: Path = REPO) -> dict[str, Any]:
+    """Figure 1: `repro run` end to end, from `checkout`."""
     args = ["--matrix", matrix, "-n", str(workers), *(["--targets", targets] if targets else []),
             *(a for o in only for a in ("--only", o))]
-    wall, exit_status, run = timed_repro_run(REPO, out, args)
+    wall, exit_status, run = timed_repro_run(checkout, out, args)
     startups: dict[str, dict[str, Any]] = {}
     for path in (out / "sessions").glob("*.startup.jsonl"):
         for line in path.read_text().splitlines():  # the last line of each worker holds all its figures
@@ -165,6 +171,8 @@ def main() -> int:
     parser.add_argument("--threads-too", action="store_true",
                         help="also measure the floor with torch's default thread count (the runner uses 1)")
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--old", type=Path, help="an older checkout whose run is timed side by side with this one")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each side (alternating order)")
     parser.add_argument("--floor-worker", nargs=2, metavar=("SPEC", "CASE_FILE"), help=argparse.SUPPRESS)
     parser.add_argument("--reference-floor", metavar="CASE_FILE", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=1, help=argparse.SUPPRESS)
@@ -177,9 +185,17 @@ def main() -> int:
         reference_floor(args.reference_floor)
         return 0
     figures: dict[str, Any] = {"load_average_before": os.getloadavg(), "cpus": os.cpu_count()}
+    sides: dict[str, list[dict[str, Any]]] = {"new": []} if args.old is None else {"old": [], "new": []}
     with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
-        run = run_once(args.matrix, args.targets, args.workers, Path(tmp) / "run", args.only)
+        for round_ in range(args.rounds):
+            for side in sides if round_ % 2 == 0 else reversed(list(sides)):
+                checkout = REPO if side == "new" else args.old.resolve()
+                sides[side].append(run_once(args.matrix, args.targets, args.workers, Path(tmp) / f"{side}-{round_}",
+                                            args.only, checkout))
+    # The new side's median run gives the figures below; the floor is the same cases' either way.
+    run = sorted(sides["new"], key=lambda r: r["wall_s"])[len(sides["new"]) // 2]
     figures["run"] = {k: v for k, v in run.items() if k != "case_ids"}
+    figures["walls"] = {side: [r["wall_s"] for r in runs] for side, runs in sides.items()}
     figures["load_average_mid"] = os.getloadavg()
     figures["floor"] = floor(run["case_ids"], threads=1)
     if args.threads_too:
@@ -225,6 +241,15 @@ def main() -> int:
         other = sum(f["compute_s"] for f in default)
         print(f"the same floor with torch's default threads ({default[0]['threads']}): {other:.1f} s "
               f"({other / compute:.2f}x the 1-thread floor)")
+    if args.old is not None:
+        old_wall, new_wall = (statistics.median(figures["walls"][side]) for side in ("old", "new"))
+        figures["old_wall_over_floor_with_startup"] = old_wall / figures["floor_with_startup_wall_s"]
+        figures["new_over_old_wall"] = new_wall / old_wall
+        print(f"side by side with {args.old} ({args.rounds} round(s), alternating): walls old "
+              f"{', '.join(f'{w:.1f}' for w in figures['walls']['old'])} s, new "
+              f"{', '.join(f'{w:.1f}' for w in figures['walls']['new'])} s; medians {old_wall:.1f} / {new_wall:.1f} s; "
+              f"wall / (floor + start-up): old {figures['old_wall_over_floor_with_startup']:.2f}, new "
+              f"{new_wall / figures['floor_with_startup_wall_s']:.2f}; wall new / old: {figures['new_over_old_wall']:.3f}")
     print(_startup_line("worker start-up in the run", list(run["worker_startups"].values())))
     print(_startup_line("start-up of the floor processes", figures["floor"]))
     if args.json:

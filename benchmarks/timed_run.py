@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -14,7 +15,8 @@ def timed_repro_run(checkout: Path, out: Path, args: list[str]) -> tuple[float, 
     """`python -m repro run ARGS --out OUT` in `checkout`: wall seconds, exit status, run.json."""
     command = [sys.executable, "-m", "repro", "run", *args, "--out", str(out)]
     started = time.perf_counter()
-    result = subprocess.run(command, cwd=checkout, capture_output=True, text=True, check=False)
+    env = {**os.environ, "PYTHONPATH": str(checkout)}  # this checkout's code, whatever is installed
+    result = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, check=False)
     wall = time.perf_counter() - started
     if not (out / "run.json").is_file():
         raise SystemExit(f"{checkout}: repro run wrote no run.json (exit {result.returncode}): "

@@ -240,3 +240,15 @@ def test_the_records_the_judge_hands_over_are_those_read_back(tmp_path: Path) ->
     assert not reader.written
     assert reader.records == rundir.read_sealed(reader.path, key)[0]
     assert [r["outcome"] for r in reader.records] == ["pass", "wrong_output", "pass"]
+
+
+def test_a_backlog_is_judged_in_steps(tmp_path: Path) -> None:
+    """The runner judges at most a batch of observations between two looks at its sessions, so that a
+    backlog never holds back the start of the next session; the rest waits for the next poll."""
+    key = b"k" * 32
+    judge = _judge(tmp_path, key)
+    judge.path.write_text(observations.line(CASE.case_id, "te-2.13.0", _raw(1.0), key)
+                          + observations.line(OTHER.case_id, "te-2.13.0", _raw(1.0, OTHER), key))
+    assert judge.poll(limit=1) == 1 and len(judge.results.read_text().splitlines()) == 1
+    assert judge.poll(limit=1) == 1 and judge.poll(limit=1) == 0
+    assert len(judge.results.read_text().splitlines()) == 2

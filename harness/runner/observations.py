@@ -76,6 +76,14 @@ def line(case_id: str, target: str, raw: Any, key: bytes | None) -> str:
     return line_of_text(case_id, target, raw_text(raw), key)
 
 
+def _after_line(chunk: bytes, count: int) -> int:
+    """Where the `count`-th line of `chunk` ends."""
+    end = 0
+    for _ in range(count):
+        end = chunk.index(b"\n", end) + 1
+    return end
+
+
 def _torch_for_judging() -> None:
     """torch, imported when the first observation comes rather than before the sessions start:
     its import then overlaps the workers' start-up instead of delaying it."""
@@ -97,15 +105,19 @@ class Judge:
         self.judged: set[tuple[str, str]] = set()  # (target, case id)
         self.references: dict[str, dict[str, Any]] = {}  # by case id: the same for every target
 
-    def poll(self) -> int:
-        """Judge every complete line added since the last poll; returns how many. The place read up
-        to moves on once their records are written: a poll interrupted (Ctrl-C) is done again whole."""
+    def poll(self, limit: int = 0) -> int:
+        """Judge every complete line added since the last poll, or the first `limit` of them; returns
+        how many records it wrote. The place read up to moves on once their records are written: a
+        poll interrupted (Ctrl-C) is done again whole."""
         if not self.path.is_file():
             return 0
         with open(self.path, "rb") as handle:
             handle.seek(self.offset)
             chunk = handle.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
+        end = chunk.rfind(b"\n") + 1
+        if limit and chunk.count(b"\n", 0, end) > limit:
+            end = _after_line(chunk, limit)
+        complete = chunk[:end]
         if complete:
             _torch_for_judging()
         records = [record for text in complete.splitlines() if (record := self._judged(text)) is not None]

@@ -33,6 +33,9 @@ from harness.torch_version import torch_version
 CASE_TIMEOUT_S = 120
 LOAD_TIMEOUT_S = 300  # importing torch and loading a target, per worker
 CHUNK_MAX = 200  # cases per pytest item, at most
+# Observations judged between two looks at the sessions: a backlog (the judge importing torch while the
+# first sessions run) is judged in steps, and a session that ended is followed by the next at once.
+JUDGE_BATCH = 200
 LARGE_SESSION = 4000  # runnable cases per target above which one session gets every worker
 
 
@@ -282,10 +285,11 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                 process = _start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout, attempt,
                                          tx, rsyncdirs, load_timeout, max_rss, key)
                 running[process.pid] = (process, job)
-            if not judge.poll():
+            if not judge.poll(limit=JUDGE_BATCH):
                 time.sleep(0.2)
             ended = [pid for pid, (process, _) in running.items() if process.poll() is not None]
-            judge.poll()  # after the exits: an ended session's observations are all on disk, and judged
+            if ended:  # its observations are all on disk: judged before its records are counted
+                judge.poll()
             reader.poll()
             for pid in ended:
                 process, (target, cases, roles, attempt) = running.pop(pid)
