@@ -192,8 +192,9 @@ def main() -> int:
                 checkout = REPO if side == "new" else args.old.resolve()
                 sides[side].append(run_once(args.matrix, args.targets, args.workers, Path(tmp) / f"{side}-{round_}",
                                             args.only, checkout))
-    # The new side's median run gives the figures below; the floor is the same cases' either way.
-    run = sorted(sides["new"], key=lambda r: r["wall_s"])[len(sides["new"]) // 2]
+    # The new side's median run (the lower of two middles) gives the figures below; the floor is the
+    # same cases' either way.
+    run = sorted(sides["new"], key=lambda r: r["wall_s"])[(len(sides["new"]) - 1) // 2]  # as median_low
     figures["run"] = {k: v for k, v in run.items() if k != "case_ids"}
     figures["walls"] = {side: [r["wall_s"] for r in runs] for side, runs in sides.items()}
     figures["load_average_mid"] = os.getloadavg()
@@ -242,7 +243,7 @@ def main() -> int:
         print(f"the same floor with torch's default threads ({default[0]['threads']}): {other:.1f} s "
               f"({other / compute:.2f}x the 1-thread floor)")
     if args.old is not None:
-        old_wall, new_wall = (statistics.median(figures["walls"][side]) for side in ("old", "new"))
+        old_wall, new_wall = (statistics.median_low(figures["walls"][side]) for side in ("old", "new"))
         figures["old_wall_over_floor_with_startup"] = old_wall / figures["floor_with_startup_wall_s"]
         figures["new_over_old_wall"] = new_wall / old_wall
         print(f"side by side with {args.old} ({args.rounds} round(s), alternating): walls old "
