@@ -242,9 +242,11 @@ def test_the_records_the_judge_hands_over_are_those_read_back(tmp_path: Path) ->
     assert [r["outcome"] for r in reader.records] == ["pass", "wrong_output", "pass"]
 
 
-def test_a_backlog_is_judged_in_steps(tmp_path: Path) -> None:
+@pytest.mark.parametrize("read_step", [observations.READ_STEP, 64])  # 64: a line read in many steps
+def test_a_backlog_is_judged_in_steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, read_step: int) -> None:
     """The runner judges at most a batch of observations between two looks at its sessions, so that a
     backlog never holds back the start of the next session; the rest waits for the next poll."""
+    monkeypatch.setattr(observations, "READ_STEP", read_step)
     key = b"k" * 32
     judge = _judge(tmp_path, key)
     judge.path.write_text(observations.line(CASE.case_id, "te-2.13.0", _raw(1.0), key)

@@ -25,6 +25,7 @@ from harness.runner import rundir, seal
 from harness.runner.textsafe import safe_value
 
 BYTES = "$bytes"  # a tensor's bytes, as text in a JSON line
+READ_STEP = 1 << 22  # bytes read at a time for a batch of observations (a line is 1-250 kB)
 
 
 def _bytes_as_text(value: Any) -> Any:
@@ -113,7 +114,9 @@ class Judge:
             return 0
         with open(self.path, "rb") as handle:
             handle.seek(self.offset)
-            chunk = handle.read()
+            chunk = handle.read(READ_STEP if limit else -1)  # a batch needs the start of a backlog, not all of it
+            while limit and chunk.count(b"\n") < limit and (more := handle.read(READ_STEP)):
+                chunk += more
         end = chunk.rfind(b"\n") + 1
         if limit and chunk.count(b"\n", 0, end) > limit:
             end = _after_line(chunk, limit)
