@@ -32,7 +32,7 @@ def load() -> str:
 def repro_run(checkout: Path, only: list[str], extra: list[str]) -> tuple[float, dict]:
     with tempfile.TemporaryDirectory(prefix="client-cost-") as tmp:
         args = ["--matrix", "issue22", *(a for o in only for a in ("--only", o)), *extra]
-        wall, exit_status, run = timed_repro_run(checkout, Path(tmp) / "run", args)
+        wall, exit_status, run, _cpu = timed_repro_run(checkout, Path(tmp) / "run", args)
         run["exit"] = exit_status
         return wall, run
 

@@ -46,13 +46,13 @@ def run_once(matrix: str, targets: str | None, workers: int, out: Path, only: li
     """Figure 1: `repro run` end to end, from `checkout`."""
     args = ["--matrix", matrix, "-n", str(workers), *(["--targets", targets] if targets else []),
             *(a for o in only for a in ("--only", o))]
-    wall, exit_status, run = timed_repro_run(checkout, out, args)
+    wall, exit_status, run, cpu = timed_repro_run(checkout, out, args)
     startups: dict[str, dict[str, Any]] = {}
     for path in (out / "sessions").glob("*.startup.jsonl"):
         for line in path.read_text().splitlines():  # the last line of each worker holds all its figures
             entry = json.loads(line)
             startups[f"{path.name.removesuffix('.startup.jsonl')}/{entry['pid']}"] = entry
-    return {"wall_s": wall, "exit": exit_status, "cases": len(run["results"]),
+    return {"wall_s": wall, "cpu_s": cpu, "exit": exit_status, "cases": len(run["results"]),
             "cases_per_s": len(run["results"]) / wall, "sum_case_duration_s": sum(r["duration_s"] for r in run["results"]),
             "targets": [t["spec"] for t in run["environment"]["targets"]], "worker_startups": startups,
             "case_ids": {spec: [r["case_id"] for r in run["results"] if r["target"] == spec]
@@ -197,6 +197,7 @@ def main() -> int:
     run = sorted(sides["new"], key=lambda r: r["wall_s"])[(len(sides["new"]) - 1) // 2]  # as median_low
     figures["run"] = {k: v for k, v in run.items() if k != "case_ids"}
     figures["walls"] = {side: [r["wall_s"] for r in runs] for side, runs in sides.items()}
+    figures["cpu_s"] = {side: [r["cpu_s"] for r in runs] for side, runs in sides.items()}
     figures["load_average_mid"] = os.getloadavg()
     figures["floor"] = floor(run["case_ids"], threads=1)
     if args.threads_too:
@@ -221,6 +222,8 @@ def main() -> int:
     ran = sum(f["cases"] for f in figures["floor"])
     refs = next((f for f in figures["floor"] if f["spec"] == "references"), {"references": 0, "compute_s": 0.0})
     judge = sum(f["judge_s"] for f in figures["floor"])
+    print(f"the run's CPU (user + system, every process it started): {run['cpu_s']:.1f} s, against the floor's "
+          f"compute and start-up {compute + startup:.1f} s")
     print(f"compute floor: the same {ran} cases observed and judged, one process per target, torch on 1 thread, "
           f"plus {refs['references']} references once ({refs['compute_s']:.1f} s; the judging {judge:.1f} s): "
           f"{compute:.1f} s ({1e3 * compute / max(1, ran):.2f} ms/case), over {parallel} parallel workers "
@@ -251,6 +254,11 @@ def main() -> int:
               f"{', '.join(f'{w:.1f}' for w in figures['walls']['new'])} s; medians {old_wall:.1f} / {new_wall:.1f} s; "
               f"wall / (floor + start-up): old {figures['old_wall_over_floor_with_startup']:.2f}, new "
               f"{new_wall / figures['floor_with_startup_wall_s']:.2f}; wall new / old: {figures['new_over_old_wall']:.3f}")
+        old_cpu, new_cpu = (statistics.median_low(figures["cpu_s"][side]) for side in ("old", "new"))
+        print(f"CPU of each run and every process it started (user + system): old "
+              f"{', '.join(f'{c:.1f}' for c in figures['cpu_s']['old'])} s, new "
+              f"{', '.join(f'{c:.1f}' for c in figures['cpu_s']['new'])} s; new / old (lower medians): "
+              f"{new_cpu / old_cpu:.3f}")
     print(_startup_line("worker start-up in the run", list(run["worker_startups"].values())))
     print(_startup_line("start-up of the floor processes", figures["floor"]))
     if args.json:
