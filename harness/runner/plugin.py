@@ -261,16 +261,18 @@ class CaseChunk(pytest.Item):
         if "announced" not in _state:  # the controller ends this process by its pid when it overruns a bound
             _state["announced"] = True
             self._notify("worker", {"pid": os.getpid(), "host": socket.gethostname()})
-        for fields in self.cases:
-            case = Case(**fields)
-            self._notify("started", case.case_id)
+        cases = [Case(**fields) for fields in self.cases]
+        for index, case in enumerate(cases):
+            if not index:  # a later case's start goes with the record before it: one report a case
+                self._notify("started", case.case_id)
             if "target" not in _state:  # after the first notice: a crash while loading is that case's
                 self._notify("loading", case.case_id)
                 _worker_setup(self.config)
                 self._notify("description", safe_text(_state["description"]))
             raw = self._run_one(case)
+            following = {"next": cases[index + 1].case_id} if index + 1 < len(cases) else {}
             self._notify("record", {"case_id": case.case_id, "target": _state["spec"],
-                                    "raw_text": observations.raw_text(raw)})
+                                    "raw_text": observations.raw_text(raw), **following})
             if (observed := raw.get("observed")) and observed["outcome"] == "harness_error":
                 errors.append(f"{case.case_id}: {observed['error']['message'] if observed['error'] else observed['note']}")
         if _state["startup"] != _state.get("startup_sent"):  # after the first chunk, and after Megatron's import
@@ -397,6 +399,13 @@ def _note_inflight(config: pytest.Config, case_id: str, key: str) -> None:
             handle.write(json.dumps({"case_id": case_id, "worker": key}) + "\n")
 
 
+def _started(config: pytest.Config, case_id: Any, key: str) -> None:
+    """A worker's case starts: noted on disk (for a controller that dies) and in flight on it."""
+    _note_inflight(config, case_id, key)
+    with _lock:
+        _state["inflight_by_worker"][key] = (case_id, time.monotonic(), False)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """On the controller (or a session without xdist): act on a worker's notices."""
     config = _state.get("config")
@@ -408,21 +417,23 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if kind == "worker":
         _state["workers"][key] = payload
     elif kind == "started":
-        _note_inflight(config, payload, key)
-        with _lock:
-            inflight[key] = (payload, time.monotonic(), False)
+        _started(config, payload, key)
     elif kind == "loading":
         with _lock:
             inflight[key] = (payload, time.monotonic(), True)
     elif kind == "record":
         with _lock:
             flight = inflight.pop(key, None)
-        spec = json.loads(config.getoption("--repro-target"))["spec"]
+        if "session_spec" not in _state:  # read once: the target's JSON is parsed for nothing else here
+            _state["session_spec"] = json.loads(config.getoption("--repro-target"))["spec"]
+        spec = _state["session_spec"]
         if problem := _refusal(payload, spec, flight[0] if flight else None):
             _write_records(config, [{seal.REJECTED: problem, "target": spec}])
-            return
-        _state["recorded"].add(payload["case_id"])
-        _forward(config, spec, payload["case_id"], payload.get("raw_text"))
+        else:
+            _state["recorded"].add(payload["case_id"])
+            _forward(config, spec, payload["case_id"], payload.get("raw_text"))
+        if isinstance(payload, dict) and isinstance(payload.get("next"), str):  # the worker's next case starts
+            _started(config, payload["next"], key)
     elif kind in ("description", "loaded"):
         with _lock:  # loaded: the case's own time starts now
             if key in inflight:
