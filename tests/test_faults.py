@@ -167,3 +167,24 @@ def test_the_results_read_as_they_grow_are_the_results_read_at_the_end(tmp_path:
     assert reader.problems == ["results.jsonl line 2: corrupt record skipped (Expecting value)",
                                "results.jsonl line 7: corrupt record skipped (Expecting ',' delimiter)"]
     assert len(reader.rejected) == 2 and "line 4:" in reader.rejected[0]
+
+
+def test_the_judges_records_keep_their_place_among_other_writers_lines(tmp_path: Path) -> None:
+    """Records the judge hands over are taken in the file's order, between the lines other writers
+    (a controller's crash record) appended: the run's records are in the order read_sealed gives."""
+    from harness.runner import rundir
+
+    key = b"k" * 32
+    path = tmp_path / "results.jsonl"
+
+    def record(case: str) -> dict:
+        return {"case_id": case, "target": "t", "outcome": "pass", "verdict": "unaffected", "expected": "pass"}
+
+    reader = rundir.SealedReader(path, key)
+    for case, by_the_judge in (("a", True), ("b", False), ("c", True)):
+        line, = rundir.append_records(path, [record(case)], key)
+        if by_the_judge:
+            reader.written[line.encode()] = record(case)
+    reader.poll(final=True)
+    assert [r["case_id"] for r in reader.records] == ["a", "b", "c"]
+    assert reader.records == rundir.read_sealed(path, key)[0]

@@ -286,30 +286,21 @@ class SealedReader:
         lines = taken.splitlines()
         first, self.lines = self.lines + 1, self.lines + len(lines)
         found: list[dict[str, Any]] = []
-        for number, raw in _parsed(self.path.name, self._unwritten(lines, found), first, self.problems):
-            if not seal.holds(raw, self.key):
-                self.rejected.append(f"{self.path.name} line {number}: a record for {raw.get('target')!r} "
-                                     f"{raw.get('case_id')!r} that no process of this run wrote (its seal does not "
-                                     "hold); ignored")
-            elif seal.REJECTED in raw:
-                self.rejected.append(f"{raw.get('target')}: {raw[seal.REJECTED]}")
-            elif (record := _record_of(self.path, number, raw, self.problems)) is not None:
+        for number, line in enumerate(lines, start=first):
+            if (record := self.written.pop(line, None)) is not None:  # the file's order kept
                 found.append(record)
+                continue
+            for _, raw in _parsed(self.path.name, [line], number, self.problems):
+                if not seal.holds(raw, self.key):
+                    self.rejected.append(f"{self.path.name} line {number}: a record for {raw.get('target')!r} "
+                                         f"{raw.get('case_id')!r} that no process of this run wrote (its seal does "
+                                         "not hold); ignored")
+                elif seal.REJECTED in raw:
+                    self.rejected.append(f"{raw.get('target')}: {raw[seal.REJECTED]}")
+                elif (record := _record_of(self.path, number, raw, self.problems)) is not None:
+                    found.append(record)
         self.records += found
         return found
-
-    def _unwritten(self, lines: list[bytes], found: list[dict[str, Any]]) -> list[bytes]:
-        """`lines` with those this process wrote taken out (their records go to `found`); each
-        line's place kept (as an empty line, which is skipped), so the numbers stay the file's."""
-        if not self.written:
-            return lines
-        kept = []
-        for line in lines:
-            record = self.written.pop(line, None)
-            if record is not None:
-                found.append(record)
-            kept.append(b"" if record is not None else line)
-        return kept
 
 
 def read_sealed(path: Path, key: bytes) -> tuple[list[dict[str, Any]], list[str], list[str]]:
