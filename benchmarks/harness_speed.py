@@ -15,9 +15,11 @@
     python benchmarks/harness_speed.py [--matrix issue22] [--targets A,B] [-n 2] [--threads-too] [--json PATH]
                                        [--old CHECKOUT [--rounds R]]
 
-With `--old`, an older checkout's `repro run` is timed too, in alternating rounds (old, new, new,
-old, ...) so both sides see the same machine, and both are set against the same floor: each side's
-wall / (floor + start-up), and the new side's wall over the old's (medians over the rounds).
+Each round measures the floor anew, right after its first run: the machine's speed drifts within
+minutes, so each run is set against its own round's floor. With `--old`, an older checkout's
+`repro run` is timed too, on the floor's other side (new, floor, old; then old, floor, new), so both
+sides see the same machine: each side's wall / (floor + start-up) per round, and the new side's wall
+over the old's (medians over the rounds).
 
 Figures depend on the machine and on what else runs on it: the load average is printed
 with them. Ratios, never a pass or fail on time.
@@ -151,6 +153,13 @@ def floor(case_ids: dict[str, list[str]], threads: int) -> list[dict[str, Any]]:
     return figures
 
 
+def floor_wall(rows: list[dict[str, Any]], parallel: int) -> tuple[float, float]:
+    """The floor over `parallel` workers: its compute alone, and with each process's start-up."""
+    compute = sum(f["compute_s"] for f in rows)
+    startup = sum(f["torch_import_s"] + f["target_load_s"] + (f["megatron_import_s"] or 0) for f in rows)
+    return compute / parallel, (compute + startup) / parallel
+
+
 def _startup_line(label: str, entries: list[dict[str, Any]]) -> str:
     def median(key: str) -> str:
         values = [e[key] for e in entries if e.get(key) is not None]
@@ -186,29 +195,39 @@ def main() -> int:
         return 0
     figures: dict[str, Any] = {"load_average_before": os.getloadavg(), "cpus": os.cpu_count()}
     sides: dict[str, list[dict[str, Any]]] = {"new": []} if args.old is None else {"old": [], "new": []}
+    floors: list[list[dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
         for round_ in range(args.rounds):
-            for side in sides if round_ % 2 == 0 else reversed(list(sides)):
+            # The machine's speed drifts by a quarter within minutes: each round measures its own floor,
+            # between its two runs (new, floor, old; then old, floor, new), and each run is set against it.
+            order = ["new", "floor", "old"] if round_ % 2 == 0 else ["old", "floor", "new"]
+            for side in (s for s in order if s in sides or s == "floor"):
+                if side == "floor":
+                    floors.append(floor(sides["new"][0]["case_ids"], threads=1))
+                    continue
                 checkout = REPO if side == "new" else args.old.resolve()
                 sides[side].append(run_once(args.matrix, args.targets, args.workers, Path(tmp) / f"{side}-{round_}",
                                             args.only, checkout))
-    # The new side's median run (the lower of two middles) gives the figures below; the floor is the
-    # same cases' either way.
-    run = sorted(sides["new"], key=lambda r: r["wall_s"])[(len(sides["new"]) - 1) // 2]  # as median_low
+    figures["load_average_mid"] = os.getloadavg()
+    parallel = max(1, min(args.workers, os.cpu_count() or 1, len(sides["new"][0]["case_ids"])))
+    rounds = [floor_wall(rows, parallel) for rows in floors]
+    figures["floor_with_startup_wall_s_per_round"] = [with_startup for _, with_startup in rounds]
+    figures["ratios"] = {side: [r["wall_s"] / with_startup for r, (_, with_startup) in zip(runs, rounds, strict=True)]
+                         for side, runs in sides.items()}
+    # The new side's median round (the lower of two middles) gives the figures below.
+    median_round = sorted(range(args.rounds), key=lambda i: figures["ratios"]["new"][i])[(args.rounds - 1) // 2]
+    run = sides["new"][median_round]
     figures["run"] = {k: v for k, v in run.items() if k != "case_ids"}
     figures["walls"] = {side: [r["wall_s"] for r in runs] for side, runs in sides.items()}
     figures["cpu_s"] = {side: [r["cpu_s"] for r in runs] for side, runs in sides.items()}
-    figures["load_average_mid"] = os.getloadavg()
-    figures["floor"] = floor(run["case_ids"], threads=1)
+    figures["floor"] = floors[median_round]
     if args.threads_too:
         figures["floor_default_threads"] = floor(run["case_ids"], threads=0)
     figures["load_average_after"] = os.getloadavg()
 
-    parallel = max(1, min(args.workers, os.cpu_count() or 1, len(run["case_ids"])))
     compute = sum(f["compute_s"] for f in figures["floor"])
     startup = sum(f["torch_import_s"] + f["target_load_s"] + (f["megatron_import_s"] or 0) for f in figures["floor"])
-    figures["floor_wall_s"] = compute / parallel
-    figures["floor_with_startup_wall_s"] = (compute + startup) / parallel
+    figures["floor_wall_s"], figures["floor_with_startup_wall_s"] = floor_wall(figures["floor"], parallel)
     figures["wall_over_floor"] = run["wall_s"] / figures["floor_wall_s"]
     figures["wall_over_floor_with_startup"] = run["wall_s"] / figures["floor_with_startup_wall_s"]
     figures["wall_over_in_run_compute"] = run["wall_s"] / (run["sum_case_duration_s"] / parallel)
@@ -245,15 +264,20 @@ def main() -> int:
         other = sum(f["compute_s"] for f in default)
         print(f"the same floor with torch's default threads ({default[0]['threads']}): {other:.1f} s "
               f"({other / compute:.2f}x the 1-thread floor)")
+    ratio_text = {side: ", ".join(f"{r:.2f}" for r in figures["ratios"][side]) for side in sides}
+    print(f"per round, each run against its round's floor + start-up "
+          f"({', '.join(f'{w:.1f}' for w in figures['floor_with_startup_wall_s_per_round'])} s): "
+          + "; ".join(f"{side} {ratio_text[side]}" for side in sides)
+          + "; medians (lower of two middles): "
+          + ", ".join(f"{side} {statistics.median_low(figures['ratios'][side]):.2f}" for side in sides))
     if args.old is not None:
         old_wall, new_wall = (statistics.median_low(figures["walls"][side]) for side in ("old", "new"))
-        figures["old_wall_over_floor_with_startup"] = old_wall / figures["floor_with_startup_wall_s"]
+        figures["old_wall_over_floor_with_startup"] = statistics.median_low(figures["ratios"]["old"])
         figures["new_over_old_wall"] = new_wall / old_wall
         print(f"side by side with {args.old} ({args.rounds} round(s), alternating): walls old "
               f"{', '.join(f'{w:.1f}' for w in figures['walls']['old'])} s, new "
               f"{', '.join(f'{w:.1f}' for w in figures['walls']['new'])} s; medians {old_wall:.1f} / {new_wall:.1f} s; "
-              f"wall / (floor + start-up): old {figures['old_wall_over_floor_with_startup']:.2f}, new "
-              f"{new_wall / figures['floor_with_startup_wall_s']:.2f}; wall new / old: {figures['new_over_old_wall']:.3f}")
+              f"wall new / old: {figures['new_over_old_wall']:.3f}")
         old_cpu, new_cpu = (statistics.median_low(figures["cpu_s"][side]) for side in ("old", "new"))
         print(f"CPU of each run and every process it started (user + system): old "
               f"{', '.join(f'{c:.1f}' for c in figures['cpu_s']['old'])} s, new "
