@@ -120,7 +120,7 @@ class Steps:
                 run["started_at"] = datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
                 run["elapsed_s"] = round(time.time() - started, 1)
                 run["summary"] = summarize(run)
-                rundir.write_atomic(step_dir / "run.json", json.dumps(run, indent=1))
+                rundir.write_atomic(step_dir / "run.json", rundir.run_text(run))
                 write_all_formats(run, step_dir)
         except (TargetLoadError, UsageError) as exc:  # a commit whose tree cannot be prepared: skipped
             print(f"repro bisect: {commit[:12]}: {' '.join(str(exc).split())}", file=sys.stderr)

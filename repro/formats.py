@@ -4,7 +4,6 @@ GitHub step summary. The renderers read the views of `repro.reports`; nothing th
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ def _render_shown(run: dict[str, Any], fmt: str, paths: dict[str, str] | None = 
     if fmt == "junit":
         return render_junit(run)
     if fmt == "json":
-        return json.dumps(run, indent=1) + "\n"
+        return rundir.run_text(run) + "\n"
     raise UsageError(f"unknown format {fmt!r}; valid: {', '.join(FORMATS)}")
 
 

@@ -81,7 +81,7 @@ def cmd_review(args: argparse.Namespace) -> int:
         found = review(run, args.base, args.head, assessed, args.accept_lost_coverage, upstream)
         run["review"] = verdict_of(found)  # the run's own reports carry the review's verdict
         run["summary"] = summarize(run)
-        rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
+        rundir.write_atomic(out_dir / "run.json", rundir.run_text(run))
         write_all_formats(run, out_dir)
         found["bisect"] = review_bisect.offers_for(run, args, out_dir)  # repro bisect per changed signature
         rundir.write_atomic(out_dir / "review.json", json.dumps(found, indent=1))

@@ -152,8 +152,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         run["started_at"] = run.get("started_at") or datetime.fromtimestamp(started, UTC).isoformat(timespec="seconds")
         run["elapsed_s"] = round(time.time() - started, 1)
         run["summary"] = summarize(run)
-        rundir.write_atomic(out_dir / "run.json", json.dumps(run, indent=1))
-        shown = printable(run)
+        text = rundir.run_text(run)
+        rundir.write_atomic(out_dir / "run.json", text)
+        shown = printable(run, text)
         paths = write_all_formats(run, out_dir, shown)
     print_status_line(shown, paths)
     for line in [*dirty_warnings(run), *(p["problem"] for p in run.get("target_problems") or []), *all_unmet(run)]:
@@ -177,7 +178,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     with rundir.claim(out_dir):
         result = sweep(args.matrix, args.only, args.from_version, args.to_version, out_dir, args.workers,
                        cache, args.offline, _progress)
-        rundir.write_atomic(out_dir / "run.json", json.dumps(result["run"], indent=1))
+        rundir.write_atomic(out_dir / "run.json", rundir.run_text(result["run"]))
     columns = ("release", "affected", "reproduced", "failed_otherwise", "passed", "unaffected_failing",
                "not_applicable", "state", "reason")
     print(tabulate([[row[c] for c in columns] for row in result["rows"]], headers=list(columns)))

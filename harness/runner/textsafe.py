@@ -56,9 +56,19 @@ def check_path_text(path: str, what: str) -> None:
                          "give a path without control characters (rename or link the directory)")
 
 
-def printable(value: Any) -> Any:
+# How json.dumps (ASCII, its default) writes a character that _CONTROL matches. A literal backslash
+# before such a letter matches too: that costs the full pass, never a missed escape.
+_ENCODED_CONTROL = re.compile(r"\\(?:[bfr]|u00[01][0-9a-f]|u007f|u00[89][0-9a-f]|u202[a-e]|u206[6-9])")
+
+
+def printable(value: Any, encoded: str | None = None) -> Any:
     """`value` with every control character in its strings shown as an escape (`\\x1b`): run
-    text (a target's messages, a fork's paths) can neither drive a terminal nor break a page."""
+    text (a target's messages, a fork's paths) can neither drive a terminal nor break a page.
+    `encoded`: this very value's JSON text with json.dumps' ASCII escapes (run.json's), where
+    the caller has it; a value whose text holds no control character is returned as it is,
+    without a pass over it."""
+    if encoded is not None and not _ENCODED_CONTROL.search(encoded):
+        return value
     if isinstance(value, str):
         return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 0x100
                             else f"\\u{ord(m.group()):04x}", value)
