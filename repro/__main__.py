@@ -1,5 +1,3 @@
-import sys
+from repro.cli import console
 
-from repro.cli import main
-
-sys.exit(main())
+console()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 from collections.abc import Sequence
 
@@ -209,5 +211,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def console() -> None:
+    """The `repro` command: main(), then out without finalizing the interpreter. Finalizing one
+    that holds torch and a run of thousands of results takes a second or more after the last
+    report, for nothing: every file the command writes is closed by then, and every child of
+    it has ended. An exception still leaves the ordinary way, with its traceback."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BrokenPipeError):  # its reader has gone (`repro ... | head`)
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
