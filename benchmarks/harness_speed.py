@@ -7,7 +7,9 @@
    and judged (harness.runner.records observe, then judged), timed; the plain-PyTorch
    references once per case definition in a process of their own (the run's judge computes
    them once for every target); the floor is that compute spread over the run's parallel workers, with and
-   without each process's start-up;
+   without each process's start-up. It is measured twice: its processes one at a time (each with the
+   machine to itself) and as many at a time as the run has workers (as the run runs its targets: two
+   processes on two cores slow each other down, and no harness avoids that);
 3. wall / floor, the harness's cost as a ratio;
 4. worker start-up, split into torch import, target load and Megatron import, as the
    run's own workers measured it (sessions/*.startup.jsonl), next to the floor processes'.
@@ -129,28 +131,42 @@ def reference_floor(case_file: str) -> None:
                       "threads": 1}))
 
 
-def floor(case_ids: dict[str, list[str]], threads: int) -> list[dict[str, Any]]:
-    """Figure 2: one process per target, one at a time (so each has the machine's cores
-    to itself, the best case for it)."""
-    figures = []
+def floor(case_ids: dict[str, list[str]], threads: int, at_once: int = 1) -> list[dict[str, Any]]:
+    """Figure 2: one process per target and one for the references, `at_once` at a time: one
+    (each has the machine's cores to itself, the best case for it), or as many as the run's
+    workers (two processes on two cores slow each other by a tenth or more, memory and caches
+    shared: the run cannot do better than that)."""
     with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
-        for spec, ids in case_ids.items():
-            case_file = Path(tmp) / "cases.json"
+        jobs = []
+        for index, (spec, ids) in enumerate(case_ids.items()):
+            case_file = Path(tmp) / f"cases-{index}.json"
             case_file.write_text(json.dumps(ids))
-            result = subprocess.run([sys.executable, __file__, "--floor-worker", spec, str(case_file),
-                                     "--threads", str(threads)], capture_output=True, text=True, check=False,
-                                    cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-            if result.returncode:
-                raise SystemExit(f"floor worker for {spec} failed: {result.stderr.strip()[-400:]}")
-            figures.append(json.loads(result.stdout.strip().splitlines()[-1]))
-        case_file = Path(tmp) / "cases.json"
+            jobs.append(["--floor-worker", spec, str(case_file), "--threads", str(threads)])
+        case_file = Path(tmp) / "cases-all.json"
         case_file.write_text(json.dumps([i for ids in case_ids.values() for i in ids]))
-        result = subprocess.run([sys.executable, __file__, "--reference-floor", str(case_file)], capture_output=True,
-                                text=True, check=False, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
-        if result.returncode:
-            raise SystemExit(f"reference floor failed: {result.stderr.strip()[-400:]}")
-        figures.append(json.loads(result.stdout.strip().splitlines()[-1]))
-    return figures
+        jobs.append(["--reference-floor", str(case_file)])
+        return _run_at_once(jobs, at_once, Path(tmp))
+
+
+def _run_at_once(jobs: list[list[str]], at_once: int, tmp: Path) -> list[dict[str, Any]]:
+    """This script with each job's arguments, `at_once` processes at a time (the next starts as
+    soon as any ends); each one's figures, the last line of its output (kept in `tmp`)."""
+    running: dict[int, subprocess.Popen[bytes]] = {}
+    pending = list(enumerate(jobs))
+    while pending or running:
+        while pending and len(running) < at_once:
+            index, job = pending.pop(0)
+            # The children hold their own copies of the files.
+            with open(tmp / f"output-{index}", "wb") as output, open(tmp / f"errors-{index}", "wb") as errors:
+                running[index] = subprocess.Popen([sys.executable, __file__, *job], stdout=output, stderr=errors,
+                                                  cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+        time.sleep(0.05)
+        for index in [i for i, process in running.items() if process.poll() is not None]:
+            if running.pop(index).returncode:
+                text = (tmp / f"errors-{index}").read_text(errors="replace")
+                raise SystemExit(f"floor process {' '.join(jobs[index][:2])} failed: {text.strip()[-400:]}")
+    return [json.loads((tmp / f"output-{index}").read_text(errors="replace").strip().splitlines()[-1])
+            for index in range(len(jobs))]
 
 
 def floor_wall(rows: list[dict[str, Any]], parallel: int) -> tuple[float, float]:
@@ -196,6 +212,7 @@ def main() -> int:
     figures: dict[str, Any] = {"load_average_before": os.getloadavg(), "cpus": os.cpu_count()}
     sides: dict[str, list[dict[str, Any]]] = {"new": []} if args.old is None else {"old": [], "new": []}
     floors: list[list[dict[str, Any]]] = []
+    parallel_floors: list[list[dict[str, Any]]] = []
     with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
         for round_ in range(args.rounds):
             # The machine's speed drifts by a quarter within minutes: each round measures its own floor,
@@ -204,6 +221,7 @@ def main() -> int:
             for side in (s for s in order if s in sides or s == "floor"):
                 if side == "floor":
                     floors.append(floor(sides["new"][0]["case_ids"], threads=1))
+                    parallel_floors.append(floor(sides["new"][0]["case_ids"], threads=1, at_once=args.workers))
                     continue
                 checkout = REPO if side == "new" else args.old.resolve()
                 sides[side].append(run_once(args.matrix, args.targets, args.workers, Path(tmp) / f"{side}-{round_}",
@@ -214,6 +232,12 @@ def main() -> int:
     figures["floor_with_startup_wall_s_per_round"] = [with_startup for _, with_startup in rounds]
     figures["ratios"] = {side: [r["wall_s"] / with_startup for r, (_, with_startup) in zip(runs, rounds, strict=True)]
                          for side, runs in sides.items()}
+    parallel_rounds = [floor_wall(rows, parallel) for rows in parallel_floors]
+    figures["parallel_floor_with_startup_wall_s_per_round"] = [with_startup for _, with_startup in parallel_rounds]
+    figures["ratios_parallel_floor"] = {
+        side: [r["wall_s"] / with_startup for r, (_, with_startup) in zip(runs, parallel_rounds, strict=True)]
+        for side, runs in sides.items()}
+    figures["floor_parallel"] = parallel_floors
     # The new side's median round (the lower of two middles) gives the figures below.
     median_round = sorted(range(args.rounds), key=lambda i: figures["ratios"]["new"][i])[(args.rounds - 1) // 2]
     run = sides["new"][median_round]
@@ -264,12 +288,15 @@ def main() -> int:
         other = sum(f["compute_s"] for f in default)
         print(f"the same floor with torch's default threads ({default[0]['threads']}): {other:.1f} s "
               f"({other / compute:.2f}x the 1-thread floor)")
-    ratio_text = {side: ", ".join(f"{r:.2f}" for r in figures["ratios"][side]) for side in sides}
-    print(f"per round, each run against its round's floor + start-up "
-          f"({', '.join(f'{w:.1f}' for w in figures['floor_with_startup_wall_s_per_round'])} s): "
-          + "; ".join(f"{side} {ratio_text[side]}" for side in sides)
-          + "; medians (lower of two middles): "
-          + ", ".join(f"{side} {statistics.median_low(figures['ratios'][side]):.2f}" for side in sides))
+    for key, label, per_round in (("ratios", "one at a time", "floor_with_startup_wall_s_per_round"),
+                                  ("ratios_parallel_floor", f"{parallel} at a time, as the run runs them",
+                                   "parallel_floor_with_startup_wall_s_per_round")):
+        ratio_text = {side: ", ".join(f"{r:.2f}" for r in figures[key][side]) for side in sides}
+        print(f"wall / (floor + start-up) per round, the floor's processes {label} "
+              f"({', '.join(f'{w:.1f}' for w in figures[per_round])} s): "
+              + "; ".join(f"{side} {ratio_text[side]}" for side in sides)
+              + "; medians (lower of two middles): "
+              + ", ".join(f"{side} {statistics.median_low(figures[key][side]):.2f}" for side in sides))
     if args.old is not None:
         old_wall, new_wall = (statistics.median_low(figures["walls"][side]) for side in ("old", "new"))
         figures["old_wall_over_floor_with_startup"] = statistics.median_low(figures["ratios"]["old"])
