@@ -254,3 +254,16 @@ def test_a_backlog_is_judged_in_steps(tmp_path: Path, monkeypatch: pytest.Monkey
     assert judge.poll(limit=1) == 1 and len(judge.results.read_text().splitlines()) == 1
     assert judge.poll(limit=1) == 1 and judge.poll(limit=1) == 0
     assert len(judge.results.read_text().splitlines()) == 2
+
+
+def test_a_backlog_is_judged_in_slices_of_time(tmp_path: Path) -> None:
+    """Within a poll's slice of time the judge goes on to the next observation; past it, it stops after
+    the one in hand (at least one a poll), and the rest waits for the next poll."""
+    key = b"k" * 32
+    judge = _judge(tmp_path, key)
+    judge.path.write_text(observations.line(CASE.case_id, "te-2.13.0", _raw(1.0), key)
+                          + observations.line(OTHER.case_id, "te-2.13.0", _raw(1.0, OTHER), key))
+    assert judge.poll(seconds=1e-9) == 1 and len(judge.results.read_text().splitlines()) == 1
+    assert judge.poll(seconds=1e-9) == 1 and judge.poll(seconds=1e-9) == 0
+    assert len(judge.results.read_text().splitlines()) == 2
+    assert judge.poll(seconds=60) == 0  # nothing new

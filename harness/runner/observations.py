@@ -17,6 +17,7 @@ import base64
 import contextlib
 import hmac
 import json
+import time
 import traceback
 from pathlib import Path
 from typing import Any
@@ -106,10 +107,10 @@ class Judge:
         self.judged: set[tuple[str, str]] = set()  # (target, case id)
         self.references: dict[str, dict[str, Any]] = {}  # by case id: the same for every target
 
-    def poll(self, limit: int = 0) -> int:
-        """Judge every complete line added since the last poll, or the first `limit` of them; returns
-        how many records it wrote. The place read up to moves on once their records are written: a
-        poll interrupted (Ctrl-C) is done again whole."""
+    def poll(self, limit: int = 0, seconds: float = 0.0) -> int:
+        """Judge every complete line added since the last poll, or the first `limit` of them, or those
+        judged within `seconds` (at least one); returns how many records it wrote. The place read up to
+        moves on once their records are written: a poll interrupted (Ctrl-C) is done again whole."""
         if not self.path.is_file():
             return 0
         with open(self.path, "rb") as handle:
@@ -123,13 +124,20 @@ class Judge:
         complete = chunk[:end]
         if complete:
             _torch_for_judging()
-        records = [record for text in complete.splitlines() if (record := self._judged(text)) is not None]
+        deadline = time.monotonic() + seconds if seconds else None
+        records, used = [], 0
+        for text, ended in zip(complete.splitlines(), complete.splitlines(keepends=True), strict=True):
+            used += len(ended)
+            if (record := self._judged(text)) is not None:
+                records.append(record)
+            if deadline is not None and time.monotonic() > deadline:
+                break
         if records:
             lines = rundir.append_records(self.results, records, self.key)
             if self.written is not None:
                 self.written.update((line.encode("utf-8", "surrogateescape"), record)
                                     for line, record in zip(lines, records))
-        self.offset += len(complete)
+        self.offset += used
         return len(records)
 
     def _judged(self, text: bytes) -> dict[str, Any] | None:

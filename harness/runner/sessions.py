@@ -33,9 +33,11 @@ from harness.torch_version import torch_version
 CASE_TIMEOUT_S = 120
 LOAD_TIMEOUT_S = 300  # importing torch and loading a target, per worker
 CHUNK_MAX = 200  # cases per pytest item, at most
-# Observations judged between two looks at the sessions: a backlog (the judge importing torch while the
-# first sessions run) is judged in steps, and a session that ended is followed by the next at once.
+# Observations judged between two looks at the sessions, at most so many or for so long: a backlog (the
+# judge importing torch while the first sessions run) is judged in steps, and a session whose last case
+# has started is followed by the next at once. On a busy machine 200 observations took the judge 2 s.
 JUDGE_BATCH = 200
+JUDGE_SLICE_S = 0.25
 LARGE_SESSION = 4000  # runnable cases per target above which one session gets every worker
 
 
@@ -285,7 +287,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                 process = _start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout, attempt,
                                          tx, rsyncdirs, load_timeout, max_rss, key)
                 running[process.pid] = (process, job)
-            if not judge.poll(limit=JUDGE_BATCH):
+            if not judge.poll(limit=JUDGE_BATCH, seconds=JUDGE_SLICE_S):
                 time.sleep(0.2)
             ended = [pid for pid, (process, _) in running.items() if process.poll() is not None]
             if ended:  # its observations are all on disk: judged before its records are counted
