@@ -395,8 +395,9 @@ def _worker_key(report: Any) -> str:
 
 def _note_inflight(config: pytest.Config, case_id: str, key: str) -> None:
     if path := config.getoption("--repro-inflight"):
-        with open(path, "a") as handle:
-            handle.write(json.dumps({"case_id": case_id, "worker": key}) + "\n")
+        if "inflight_file" not in _state:  # this controller's alone; a line a case, each written out whole
+            _state["inflight_file"] = open(path, "a", buffering=1)  # noqa: SIM115 — kept for the session
+        _state["inflight_file"].write(json.dumps({"case_id": case_id, "worker": key}) + "\n")
 
 
 def _started(config: pytest.Config, case_id: Any, key: str) -> None:
@@ -450,8 +451,9 @@ def _forward(config: pytest.Config, spec: str, case_id: str, raw_text: Any) -> N
     """Hand a raw observation, as the worker's JSON text, to the run's judge, the runner
     (harness.runner.observations): this process never imports torch, and neither judges nor
     computes a reference."""
-    rundir.append_locked(Path(config.getoption("--repro-observations")),
-                         observations.line_of_text(case_id, spec, raw_text, _state.get("seal_key")))
+    if "observations" not in _state:
+        _state["observations"] = rundir.LockedAppender(Path(config.getoption("--repro-observations")))
+    _state["observations"].append(observations.line_of_text(case_id, spec, raw_text, _state.get("seal_key")))
 
 
 def pytest_handlecrashitem(crashitem: str, report: pytest.TestReport, sched: Any) -> None:

@@ -27,7 +27,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from filelock import FileLock, Timeout
 
@@ -200,15 +200,35 @@ def run_text(run: dict[str, Any]) -> str:
     return "{\n" + ",\n".join(f" {json.dumps(k)}: {encoded(k, v)}" for k, v in run.items()) + "\n}"
 
 
+def _append_under_lock(handle: IO[str], text: str) -> None:
+    fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+        handle.write(text)
+        handle.flush()
+    finally:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def append_locked(path: Path, text: str) -> None:
     """Append whole lines under a lock (the sessions of a run share its files). A flushed write
     survives the death of this process; an fsync per case (against a kernel crash) would cost
     more than the case."""
     with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        handle.write(text)
-        handle.flush()
-        fcntl.flock(handle, fcntl.LOCK_UN)
+        _append_under_lock(handle, text)
+
+
+class LockedAppender:
+    """append_locked through one handle, opened at the first append and kept: a session's controller
+    appends a line per case, and opening the file for each took as long as the write."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._handle: IO[str] | None = None
+
+    def append(self, text: str) -> None:
+        if self._handle is None:
+            self._handle = open(self.path, "a")  # noqa: SIM115 — kept open for the session's later lines
+        _append_under_lock(self._handle, text)
 
 
 def append_records(path: Path, records: list[dict[str, Any]], key: bytes | None) -> list[str]:
