@@ -15,8 +15,10 @@ import ctypes
 import os
 import signal
 import sys
+from typing import TYPE_CHECKING
 
-import pytest
+if TYPE_CHECKING:  # the reaper and `repro` import this module too, and start faster without pytest
+    import pytest
 
 PR_SET_PDEATHSIG = 1
 PARENT_ENV = "REPRO_EXPECTED_PARENT"
