@@ -2,7 +2,7 @@
 
 1. the run: wall time of `repro run --matrix M` (a subprocess, into a temporary run dir,
    as a user runs it) and the cases per second it sustains;
-2. the compute floor of the same cases, measured right after it: each target loaded in
+2. the compute floor of the same cases, measured in the same round: each target loaded in
    a subprocess of its own (one target per process, as in the run), each case it ran observed
    and judged (harness.runner.records observe, then judged), timed; the plain-PyTorch
    references once per case definition in a process of their own (the run's judge computes
@@ -169,11 +169,24 @@ def _run_at_once(jobs: list[list[str]], at_once: int, tmp: Path) -> list[dict[st
             for index in range(len(jobs))]
 
 
+def floor_sums(rows: list[dict[str, Any]]) -> tuple[float, float]:
+    """The floor's processes together: their compute, and their start-up (torch, target, Megatron)."""
+    return (sum(f["compute_s"] for f in rows),
+            sum(f["torch_import_s"] + f["target_load_s"] + (f["megatron_import_s"] or 0) for f in rows))
+
+
 def floor_wall(rows: list[dict[str, Any]], parallel: int) -> tuple[float, float]:
     """The floor over `parallel` workers: its compute alone, and with each process's start-up."""
-    compute = sum(f["compute_s"] for f in rows)
-    startup = sum(f["torch_import_s"] + f["target_load_s"] + (f["megatron_import_s"] or 0) for f in rows)
+    compute, startup = floor_sums(rows)
     return compute / parallel, (compute + startup) / parallel
+
+
+def ratios_per_round(floors: list[list[dict[str, Any]]], sides: dict[str, list[dict[str, Any]]],
+              parallel: int) -> tuple[list[float], dict[str, list[float]]]:
+    """Each round's floor + start-up, and each side's wall / that, round by round."""
+    with_startup = [floor_wall(rows, parallel)[1] for rows in floors]
+    return with_startup, {side: [r["wall_s"] / w for r, w in zip(runs, with_startup, strict=True)]
+                          for side, runs in sides.items()}
 
 
 def _startup_line(label: str, entries: list[dict[str, Any]]) -> str:
@@ -228,15 +241,9 @@ def main() -> int:
                                             args.only, checkout))
     figures["load_average_mid"] = os.getloadavg()
     parallel = max(1, min(args.workers, os.cpu_count() or 1, len(sides["new"][0]["case_ids"])))
-    rounds = [floor_wall(rows, parallel) for rows in floors]
-    figures["floor_with_startup_wall_s_per_round"] = [with_startup for _, with_startup in rounds]
-    figures["ratios"] = {side: [r["wall_s"] / with_startup for r, (_, with_startup) in zip(runs, rounds, strict=True)]
-                         for side, runs in sides.items()}
-    parallel_rounds = [floor_wall(rows, parallel) for rows in parallel_floors]
-    figures["parallel_floor_with_startup_wall_s_per_round"] = [with_startup for _, with_startup in parallel_rounds]
-    figures["ratios_parallel_floor"] = {
-        side: [r["wall_s"] / with_startup for r, (_, with_startup) in zip(runs, parallel_rounds, strict=True)]
-        for side, runs in sides.items()}
+    figures["floor_with_startup_wall_s_per_round"], figures["ratios"] = ratios_per_round(floors, sides, parallel)
+    figures["parallel_floor_with_startup_wall_s_per_round"], figures["ratios_parallel_floor"] = ratios_per_round(
+        parallel_floors, sides, parallel)
     figures["floor_parallel"] = parallel_floors
     # The new side's median round (the lower of two middles) gives the figures below.
     median_round = sorted(range(args.rounds), key=lambda i: figures["ratios"]["new"][i])[(args.rounds - 1) // 2]
@@ -249,8 +256,7 @@ def main() -> int:
         figures["floor_default_threads"] = floor(run["case_ids"], threads=0)
     figures["load_average_after"] = os.getloadavg()
 
-    compute = sum(f["compute_s"] for f in figures["floor"])
-    startup = sum(f["torch_import_s"] + f["target_load_s"] + (f["megatron_import_s"] or 0) for f in figures["floor"])
+    compute, startup = floor_sums(figures["floor"])
     figures["floor_wall_s"], figures["floor_with_startup_wall_s"] = floor_wall(figures["floor"], parallel)
     figures["wall_over_floor"] = run["wall_s"] / figures["floor_wall_s"]
     figures["wall_over_floor_with_startup"] = run["wall_s"] / figures["floor_with_startup_wall_s"]
@@ -277,8 +283,8 @@ def main() -> int:
     figures["overhead_ms_per_case"] = 1e3 * parallel * (run["wall_s"] - figures["floor_with_startup_wall_s"]) / max(1, ran)
     print(f"the harness's overhead: {figures['overhead_ms_per_case']:.2f} ms a case of {parallel} workers' time "
           "((wall - (floor + start-up)) x workers / cases)")
-    # The floor runs after the run, maybe under another load: the run's own per-case times
-    # show how much of the gap is the machine rather than the harness.
+    # The floor runs minutes apart from the run, maybe under another load: the run's own per-case
+    # times show how much of the gap is the machine rather than the harness.
     in_run = run["sum_case_duration_s"] / parallel
     print(f"the run's own case durations over {parallel} workers: {in_run:.1f} s "
           f"({run['sum_case_duration_s'] / max(1, compute):.2f}x the floor's compute); wall / that: "
