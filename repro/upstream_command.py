@@ -27,7 +27,7 @@ from tabulate import tabulate
 
 from harness import targets
 from harness.errors import UsageError
-from harness.runner import upstream_diff, upstream_failures
+from harness.runner import scratch, upstream_diff, upstream_failures
 from harness.runner.upstream_ci import CI_SCRIPT, ci_environment
 from harness.targets import revisions, sources
 
@@ -109,14 +109,15 @@ def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[
     if prepared.patch_status == "conflict":
         raise UsageError(f"target {prepared.spec}: patch {prepared.patch} does not apply; pick another target")
     ci_env, _ = ci_environment(_checkout_root(tests) / CI_SCRIPT)
-    with tempfile.TemporaryDirectory(prefix="repro-upstream-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="repro-upstream-") as tmp, scratch.scratch(Path(tmp)) as scratch_env:
         junit = Path(tmp) / "junit.xml"
         command = [sys.executable, "-m", "pytest", str(tests), *(["-k", keyword] if keyword else []),
                    "-p", "harness.runner.upstream_selection", "-p", "no:cacheprovider", "-q",
                    f"--junitxml={junit}", "-o", "junit_family=xunit2", *extra]
         # From the temporary directory: plugins that write beside the working directory
         # (pytest-benchmark's .benchmarks) write there, never into the checkout.
-        env = exec_environment(prepared, False, {**os.environ, **ci_env}, (tests.parent,))
+        # Their temporary files too (pytest's basetemp, torch's cache folder): nothing left in the machine's /tmp.
+        env = exec_environment(prepared, False, {**os.environ, **ci_env, **scratch_env}, (tests.parent,))
         status = subprocess.run(command, cwd=tmp, env=env, check=False).returncode
         if not junit.is_file():
             return UpstreamRun(status)

@@ -31,8 +31,9 @@ def loaded_target(cache: Path):
     return target
 
 
-def repro(*args: str, check_rc: int | None = None) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run([sys.executable, "-m", "repro", *args], capture_output=True, text=True, check=False, cwd=REPO)
+def repro(*args: str, check_rc: int | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run([sys.executable, "-m", "repro", *args], capture_output=True, text=True, check=False, cwd=REPO,
+                            env=env)
     if check_rc is not None:
         assert result.returncode == check_rc, result.stdout + result.stderr
     return result

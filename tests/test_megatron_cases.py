@@ -10,6 +10,7 @@ target it holds (te-2.20.2, tests/conftest.py), with TE's RMSNorm kernel stand-i
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections import Counter
 from pathlib import Path
@@ -120,12 +121,18 @@ def test_frame_table_shows_a_missing_frame() -> None:
 @pytest.fixture(scope="module")
 def megatron_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     out = tmp_path_factory.mktemp("megatron-run")
+    scratch = tmp_path_factory.mktemp("megatron-run-tmp")  # the run's processes' TMPDIR
     result = repro("run", "--matrix", "issue22", *(a for o in RUN_ONLY for a in ("--only", o)),
-                   "--targets", ",".join(RUN_TARGETS), "--out", str(out))
+                   "--targets", ",".join(RUN_TARGETS), "--out", str(out), env={**os.environ, "TMPDIR": str(scratch)})
     assert result.returncode == 0, result.stdout + result.stderr
     run = json.loads((out / "run.json").read_text())
     run["report_md"] = (out / "report.md").read_text()
+    run["left_in_tmp"] = sorted(p.name for p in scratch.iterdir())
     return run
+
+
+def test_megatrons_workers_leave_nothing_in_the_temporary_directory(megatron_run: dict) -> None:
+    assert megatron_run["left_in_tmp"] == []  # once a gloo file store's folder per worker
 
 
 def test_run_reproduces_on_the_unpatched_release_at_fusers_requires_grad(megatron_run: dict) -> None:

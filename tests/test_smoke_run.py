@@ -3,15 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from tests.conftest import repro
 
 
 def test_smoke_matrix_end_to_end(tmp_path: Path) -> None:
-    result = repro("run", "--matrix", "smoke", "--out", str(tmp_path), check_rc=0)
+    scratch = tmp_path / "tmp"  # the run's processes' temporary directory: nothing may be left in it
+    scratch.mkdir()
+    out = tmp_path / "out"
+    result = repro("run", "--matrix", "smoke", "--out", str(out), check_rc=0, env={**os.environ, "TMPDIR": str(scratch)})
+    assert not list(scratch.iterdir()), "a run left files outside its run dir"
     assert "te-2.13.0+backport matches te-2.16.0 on every case both ran" in result.stdout
-    run = json.loads((tmp_path / "run.json").read_text())
+    run = json.loads((out / "run.json").read_text())
     assert run["schema"] == "repro.run/2" and run["complete"]
     verdicts = {(r["target"], r["verdict"]) for r in run["results"]}
     assert ("te-2.13.0", "reproduced") in verdicts
@@ -28,11 +33,11 @@ def test_smoke_matrix_end_to_end(tmp_path: Path) -> None:
     calls = {call for r in run["results"] for call in r.get("device_calls") or []}
     assert any(c.startswith("torch.is_autocast_enabled() at transformer_engine/pytorch/ops/") for c in calls), calls
     assert all(" at transformer_engine/pytorch/" in c for c in calls), calls
-    report = (tmp_path / "report.md").read_text()
+    report = (out / "report.md").read_text()
     answered = next(line for line in report.splitlines() if "device calls the CPU backend answered" in line)
     assert "`torch.is_autocast_enabled() at transformer_engine/pytorch/ops/" in answered, answered
-    html = (tmp_path / "report.html").read_text()  # and in report.html, each with its count of cases
+    html = (out / "report.html").read_text()  # and in report.html, each with its count of cases
     listed = html.split('<ul id="device-calls">', 1)[1].split("</ul>", 1)[0]
     assert "<code>te-2.13.0</code>" in listed and "<code>torch.is_autocast_enabled() at transformer_engine/" in listed
-    verdict = repro("report", str(tmp_path), "--format", "verdict-md", check_rc=0).stdout
+    verdict = repro("report", str(out), "--format", "verdict-md", check_rc=0).stdout
     assert "Device calls" not in verdict

@@ -29,7 +29,7 @@ from cases.pipelines import PIPELINES, ops_used
 from harness import targets
 from harness.bench import stats as bench_stats
 from harness.errors import UsageError
-from harness.runner import liveness
+from harness.runner import liveness, scratch
 from harness.runner.rundir import check_writable, session_name
 from harness.torch_version import torch_version
 
@@ -169,10 +169,10 @@ class Worker:
     """One target's bench worker: JSON lines in on stdin, JSON lines back on stdout."""
 
     def __init__(self, prepared: targets.PreparedTarget, log: Path, megatron_device: str | None,
-                 on_slow: Callable[[str], None] = print) -> None:
+                 on_slow: Callable[[str], None] = print, extra_env: dict[str, str] | None = None) -> None:
         self.spec, self.log, self.on_slow = prepared.spec, log, on_slow
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[2]),
-                                                             os.environ.get("PYTHONPATH", "")])}
+                                                             os.environ.get("PYTHONPATH", "")]), **(extra_env or {})}
         command = [sys.executable, "-m", "harness.bench.worker", prepared.to_json()]
         if megatron_device:
             command += ["--megatron", megatron_device]
@@ -324,34 +324,35 @@ def run_bench(matrix: str, only: list[str] | None, specs: list[str], modes: list
     megatron_device = ("cuda" if any(c["device"] == "cuda" for c in candidates) else "cpu") if wants_megatron else None
     logs = out_dir / "bench-logs"
     logs.mkdir(exist_ok=True)
-    workers = [Worker(p, logs / f"{session_name(p.spec)}.log", megatron_device, progress) for p in prepared]
-    phases = {"checking": 0.0, "timing": 0.0}
-    try:
-        ready = {w.spec: w.receive(START_TIMEOUT_S) for w in workers}
-        startup = {w.spec: ready[w.spec]["startup_s"] for w in workers}
-        progress(f"bench: {len(candidates)} combinations to check and time on {len(workers)} targets, {rounds} rounds "
-                 f"each, min_run_time {min_run_time}s (start-up {', '.join(f'{s} {t:.1f}s' for s, t in startup.items())})")
-        benched: list[dict[str, str]] = []
-        timed: list[dict[str, Any]] = []
-        problems: list[str] = []
-        for index, combo in enumerate(candidates):
-            began = time.perf_counter()
-            reasons = _check(workers, ready, combo)
-            phases["checking"] += time.perf_counter() - began
-            if reasons:
-                excluded.append({**combo, "reason": "; ".join(reasons)})
-            else:
-                benched.append(combo)
+    with scratch.scratch(out_dir) as env:  # the workers' temporary files, removed once they have ended
+        workers = [Worker(p, logs / f"{session_name(p.spec)}.log", megatron_device, progress, env) for p in prepared]
+        phases = {"checking": 0.0, "timing": 0.0}
+        try:
+            ready = {w.spec: w.receive(START_TIMEOUT_S) for w in workers}
+            startup = {w.spec: ready[w.spec]["startup_s"] for w in workers}
+            progress(f"bench: {len(candidates)} combinations to check and time on {len(workers)} targets, {rounds} rounds "
+                     f"each, min_run_time {min_run_time}s (start-up {', '.join(f'{s} {t:.1f}s' for s, t in startup.items())})")
+            benched: list[dict[str, str]] = []
+            timed: list[dict[str, Any]] = []
+            problems: list[str] = []
+            for index, combo in enumerate(candidates):
                 began = time.perf_counter()
-                timed.append(_time_combo(workers, combo, rounds, min_run_time, problems))
-                phases["timing"] += time.perf_counter() - began
-            if (index + 1) % max(1, len(candidates) // 10) == 0 or index + 1 == len(candidates):
-                progress(f"  {index + 1}/{len(candidates)} combinations: {len(benched)} timed, "
-                         f"{len(excluded)} excluded with a reason ({phases['checking']:.0f} s checking, "
-                         f"{phases['timing']:.0f} s timing)")
-    finally:
-        for worker in workers:
-            worker.close()
+                reasons = _check(workers, ready, combo)
+                phases["checking"] += time.perf_counter() - began
+                if reasons:
+                    excluded.append({**combo, "reason": "; ".join(reasons)})
+                else:
+                    benched.append(combo)
+                    began = time.perf_counter()
+                    timed.append(_time_combo(workers, combo, rounds, min_run_time, problems))
+                    phases["timing"] += time.perf_counter() - began
+                if (index + 1) % max(1, len(candidates) // 10) == 0 or index + 1 == len(candidates):
+                    progress(f"  {index + 1}/{len(candidates)} combinations: {len(benched)} timed, "
+                             f"{len(excluded)} excluded with a reason ({phases['checking']:.0f} s checking, "
+                             f"{phases['timing']:.0f} s timing)")
+        finally:
+            for worker in workers:
+                worker.close()
     rows = []
     for combo, extra in zip(benched, timed, strict=True):
         medians = {spec: {side: v["median_per_round"] for side, v in sides.items()}

@@ -21,8 +21,6 @@ from the config (`kv_channels`, set to `v_head_dim`).
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -73,8 +71,8 @@ def ensure_parallel_state(megatron: LoadedMegatron, seed: int) -> None:
     parallel_state = megatron.module("parallel_state")
     if not _PARALLEL_STATE_READY:
         if not torch.distributed.is_initialized():
-            store = os.path.join(tempfile.mkdtemp(prefix="repro-gloo-"), "store")
-            torch.distributed.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+            # An in-memory store: a file store left a folder in /tmp behind every worker.
+            torch.distributed.init_process_group("gloo", store=torch.distributed.HashStore(), rank=0, world_size=1)
         if not parallel_state.model_parallel_is_initialized():
             parallel_state.initialize_model_parallel(1, 1)
         _PARALLEL_STATE_READY = True

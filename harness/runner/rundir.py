@@ -32,7 +32,7 @@ from typing import IO, Any
 from filelock import FileLock, Timeout
 
 from harness.errors import UsageError
-from harness.runner import seal
+from harness.runner import scratch, seal
 from harness.runner.textsafe import safe_value
 
 LOCK_NAME = ".repro-run.lock"
@@ -154,6 +154,7 @@ def remove_stale(out_dir: Path) -> None:
     for name in STALE_FILES:
         if kind_of(out_dir / name) is None:
             (out_dir / name).unlink(missing_ok=True)
+    scratch.remove_left(out_dir)
     for name in STALE_DIRS:
         folder = out_dir / name
         if kind_of(folder) != "a directory":

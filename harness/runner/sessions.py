@@ -23,7 +23,7 @@ from cases.regression import Regression
 from harness import targets
 from harness.errors import UsageError
 from harness.model import BAD_VERDICTS, SCHEMA, Role, Run
-from harness.runner import completeness, lifetime, memory, observations, rundir, seal
+from harness.runner import completeness, lifetime, memory, observations, rundir, scratch, seal
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 from harness.runner.rundir import session_name
@@ -106,7 +106,7 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
                    jsonl: Path, workers: int, case_timeout: float, attempt: int = 0,
                    tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
                    load_timeout: float = LOAD_TIMEOUT_S, max_rss: int = 0,
-                   key: bytes | None = None) -> subprocess.Popen[bytes]:
+                   key: bytes | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """One pytest session for one target; its cases spread over `workers` xdist workers,
     or over the workers of the given xdist `--tx` specs. `attempt` counts the follow-up
     sessions of this target (its cases without a record after a worker died); they run
@@ -155,16 +155,18 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
             command += [f"--rsyncdir={d}" for d in (case_dir, repo / "harness", repo / "cases", *(rsyncdirs or []))]
     else:
         command += ["-n", str(max(1, workers))]
-    return _spawn(command, case_dir / f"{safe}.log", key_fd, append=bool(attempt))
+    return _spawn(command, case_dir / f"{safe}.log", key_fd, append=bool(attempt), extra_env=env)
 
 
-def _spawn(command: list[str], log_path: Path, key_fd: int, append: bool = False) -> subprocess.Popen[bytes]:
+def _spawn(command: list[str], log_path: Path, key_fd: int, append: bool = False,
+           extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """A child of the run: its own process group (stopped as a whole), killed by the kernel if we
-    die, with the harness importable and `key_fd` (the run's seal key, or -1) inherited."""
+    die, with the harness importable, `key_fd` (the run's seal key, or -1) inherited and `extra_env`
+    (the run's scratch folder, harness.runner.scratch) set."""
     # The caller's PYTEST_ADDOPTS would change every session (-x, -p, --timeout...): the session's options are these.
     env = lifetime.session_env({**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
                                 "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": os.pathsep.join(
-        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")])})
+        [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]), **(extra_env or {})})
     with open(log_path, "a" if append else "w") as log:
         # The pre-exec hook only calls prctl and getppid, safe between fork and exec.
         arm = functools.partial(lifetime.die_with_parent, os.getpid())
@@ -277,52 +279,53 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
     baseline = dict(reader.done)
     totals = {t.spec: len(cases) for t, cases, _ in plan}
     (out_dir / "sessions").mkdir(exist_ok=True)
-    judge = observations.Judge(observations_path(out_dir), jsonl, key, {t.spec: r for t, _, r in plan},
-                               {t.spec: t.version or "" for t, _, _ in plan}, reader.sealed.written)
-    try:
-        while pending or running:
-            while pending and (len(running) if large else _busy(running, started)) < concurrent:
-                job = pending.pop(0)
-                target, cases, roles, attempt = job
-                process = _start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout, attempt,
-                                         tx, rsyncdirs, load_timeout, max_rss, key)
-                running[process.pid] = (process, job)
-            if not judge.poll(limit=JUDGE_BATCH, seconds=JUDGE_SLICE_S):
-                time.sleep(0.2)
-            ended = [pid for pid, (process, _) in running.items() if process.poll() is not None]
-            if ended:  # its observations are all on disk: judged before its records are counted
-                judge.poll()
-            reader.poll()
-            for pid in ended:
-                process, (target, cases, roles, attempt) = running.pop(pid)
-                exits[target.spec] = process.returncode
-                if process.returncode not in (0, 1):  # 1: harness errors recorded; else the session itself failed
-                    lines = _record_lost_in_flight(target, roles, out_dir, jsonl,
-                                                   reader.case_ids.get(target.spec, set()), process.returncode, key)
-                    if problems is not None:
-                        problems += lines
-                    reader.poll()
-                recorded = reader.case_ids.get(target.spec, set())
-                missing = [c for c in cases if c.case_id not in recorded]
-                if missing and len(missing) < len(cases):  # progress made: the rest get a fresh session
-                    pending.insert(0, (target, missing, roles, attempt + 1))
-            if update := getattr(progress, "update", None):  # a live display (repro.progress.Progress)
-                for spec, total in totals.items():
-                    update(spec, reader.done.get(spec, 0) - baseline.get(spec, 0), reader.verdicts.get(spec, {}), total)
-                continue
-            line = "  " + "; ".join(f"{spec} {reader.done.get(spec, 0) - baseline.get(spec, 0)}/{total}"
-                                    f" ({reader.failing.get(spec, 0)} bad verdicts)" for spec, total in totals.items())
-            if line != last:  # report changes only: steady progress, not noise
-                progress(line)
-                last = line
-    finally:
-        # Interrupted (Ctrl-C, SIGTERM): stop the sessions; what they observed is judged, and stays in the JSONL.
-        _stop([process for process, _ in running.values()])
-        judge.poll()
-        if problems is not None:
-            problems += judge.problems()
-        if rejected is not None:
-            rejected += judge.rejected
+    with scratch.scratch(out_dir) as env:  # removed once the sessions have stopped
+        judge = observations.Judge(observations_path(out_dir), jsonl, key, {t.spec: r for t, _, r in plan},
+                                   {t.spec: t.version or "" for t, _, _ in plan}, reader.sealed.written)
+        try:
+            while pending or running:
+                while pending and (len(running) if large else _busy(running, started)) < concurrent:
+                    job = pending.pop(0)
+                    target, cases, roles, attempt = job
+                    process = _start_session(target, cases, roles, out_dir, jsonl, per_session, case_timeout, attempt,
+                                             tx, rsyncdirs, load_timeout, max_rss, key, env)
+                    running[process.pid] = (process, job)
+                if not judge.poll(limit=JUDGE_BATCH, seconds=JUDGE_SLICE_S):
+                    time.sleep(0.2)
+                ended = [pid for pid, (process, _) in running.items() if process.poll() is not None]
+                if ended:  # its observations are all on disk: judged before its records are counted
+                    judge.poll()
+                reader.poll()
+                for pid in ended:
+                    process, (target, cases, roles, attempt) = running.pop(pid)
+                    exits[target.spec] = process.returncode
+                    if process.returncode not in (0, 1):  # 1: harness errors recorded; else the session itself failed
+                        lines = _record_lost_in_flight(target, roles, out_dir, jsonl,
+                                                       reader.case_ids.get(target.spec, set()), process.returncode, key)
+                        if problems is not None:
+                            problems += lines
+                        reader.poll()
+                    recorded = reader.case_ids.get(target.spec, set())
+                    missing = [c for c in cases if c.case_id not in recorded]
+                    if missing and len(missing) < len(cases):  # progress made: the rest get a fresh session
+                        pending.insert(0, (target, missing, roles, attempt + 1))
+                if update := getattr(progress, "update", None):  # a live display (repro.progress.Progress)
+                    for spec, total in totals.items():
+                        update(spec, reader.done.get(spec, 0) - baseline.get(spec, 0), reader.verdicts.get(spec, {}), total)
+                    continue
+                line = "  " + "; ".join(f"{spec} {reader.done.get(spec, 0) - baseline.get(spec, 0)}/{total}"
+                                        f" ({reader.failing.get(spec, 0)} bad verdicts)" for spec, total in totals.items())
+                if line != last:  # report changes only: steady progress, not noise
+                    progress(line)
+                    last = line
+        finally:
+            # Interrupted (Ctrl-C, SIGTERM): stop the sessions; what they observed is judged, and stays in the JSONL.
+            _stop([process for process, _ in running.values()])
+            judge.poll()
+            if problems is not None:
+                problems += judge.problems()
+            if rejected is not None:
+                rejected += judge.rejected
     return exits
 
 
