@@ -28,9 +28,10 @@ class Case:
     Built positionally (`Case("issue22", "ops", ...)`, the regression's axis order) or by
     name (`Case("issue22", client="ops", ...)`, reordered into the regression's order)."""
 
-    __slots__ = ("regression", "values")
+    __slots__ = ("regression", "values", "_id")
     regression: str
     values: tuple[tuple[str, str], ...]
+    _id: str | None  # the case id, once asked for: the run asks it of every case many times over
 
     def __init__(self, regression: str, *positional: str, **named: str) -> None:
         axes = axis_names(regression)
@@ -46,6 +47,7 @@ class Case:
             values = tuple(named.items())
         object.__setattr__(self, "regression", regression)
         object.__setattr__(self, "values", values)
+        object.__setattr__(self, "_id", None)
 
     def __getattr__(self, name: str) -> str:
         if name.startswith("__") or name in Case.__slots__:
@@ -76,7 +78,11 @@ class Case:
 
     @property
     def case_id(self) -> str:
-        return id_of(self.as_dict())
+        case_id = self._id
+        if case_id is None:
+            case_id = id_of(self.as_dict())
+            object.__setattr__(self, "_id", case_id)
+        return case_id
 
     @classmethod
     def from_id(cls, case_id: str) -> Case:
