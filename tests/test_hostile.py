@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -834,6 +835,25 @@ def test_the_controller_dying_is_recorded_against_its_case(tmp_path: Path, cache
     assert any("controller died" in p and victim in p for p in run["problems"])
 
 
+def test_a_dead_controllers_in_flight_file_counts_only_the_sessions_own_cases(tmp_path: Path) -> None:
+    from cases.case import Case
+    from harness.runner import sessions
+    from harness.runner.rundir import session_name
+
+    spec, real, done = "te-2.20.2", HOSTILE_CASES["gil"], HOSTILE_CASES["sigstop"]
+    target = SimpleNamespace(spec=spec)  # all the function reads of the target
+    (tmp_path / "sessions").mkdir()
+    # What a target could write into the file: a non-case, something not a string, garbage, a real case.
+    (tmp_path / "sessions" / f"{session_name(spec)}.inflight.jsonl").write_text("".join(
+        json.dumps({"case_id": value}) + "\n" for value in ("issue22:not-a-case", {"a": 1}, real, done)) + "not json\n")
+    started = sessions.StartedReader(tmp_path).poll(spec)
+    jsonl = tmp_path / "results.jsonl"
+    lines = sessions._record_lost_in_flight(target, [Case.from_id(real), Case.from_id(done)], {}, jsonl, started,
+                                            {done}, -9)
+    assert [json.loads(line)["case_id"] for line in jsonl.read_text().splitlines()] == [real]
+    assert len(lines) == 1 and real in lines[0]
+
+
 # ---- one identity per target ----
 
 def test_session_names_are_unique_per_spec() -> None:
@@ -1105,3 +1125,29 @@ def test_a_relative_xdg_cache_home_is_ignored(monkeypatch: pytest.MonkeyPatch) -
     assert sources.cache_path() == Path.home() / ".cache" / "te-fuser-repro"
     monkeypatch.setenv("XDG_CACHE_HOME", "/abs/cache")
     assert sources.cache_path() == Path("/abs/cache/te-fuser-repro")
+
+
+# At import, a tree announces through the harness's own plugin (it runs in the worker's process) that a
+# case which is not one starts, then ends its worker: the controller would attribute the death to that id.
+FALSE_START = """
+import os as _os, sys as _sys
+_frame = _sys._getframe()
+while _frame is not None and type(_frame.f_locals.get("self")).__name__ != "CaseChunk":
+    _frame = _frame.f_back
+if _frame is not None:  # imported by a case's chunk (the worker loads the target there)
+    _frame.f_locals["self"]._notify("started", "issue22:not-a-case")
+    _os._exit(3)
+"""
+
+def test_a_start_announced_for_a_case_not_in_the_session_is_refused_and_fails_the_run(fork: Path,
+                                                                                      tmp_path: Path) -> None:
+    _fork_with(fork, FALSE_START)
+    out = tmp_path / "run"  # one case: its crash, at the import of the target, is its own
+    result = cli("run", *SMOKE, "--only", "grad_mode=no_grad", "--only", "input=leaf", "--target", f"path:{fork}",
+                 "--out", str(out))
+    assert "Traceback" not in result.stderr, result.stderr
+    run = json.loads((out / "run.json").read_text())
+    assert any("issue22:not-a-case" in line and "not a case of this session" in line for line in run["rejected"]), run
+    assert not any(r["case_id"] == "issue22:not-a-case" for r in run["results"])
+    assert run["complete"]  # the worker's real case is recorded as the crash it was
+    assert result.returncode == 1 and run["summary"]["status"] == "FAIL"

@@ -400,11 +400,31 @@ def _note_inflight(config: pytest.Config, case_id: str, key: str) -> None:
         _state["inflight_file"].write(json.dumps({"case_id": case_id, "worker": key}) + "\n")
 
 
+def _start_refused(config: pytest.Config, case_id: Any) -> bool:
+    """Whether a worker's notice that a case starts (or loads) is refused, as a rejected record that
+    fails the run: the worker holds the target, so a case it names that is not one of this session's,
+    or was recorded already, is never put in flight (a crash would be attributed to it)."""
+    if isinstance(case_id, str) and case_id in _session_cases() and case_id not in _state["recorded"]:
+        return False
+    what = "recorded already" if isinstance(case_id, str) and case_id in _session_cases() else "not a case of this session"
+    _write_records(config, [{seal.REJECTED: f"a worker announced the start of {safe_text(str(case_id))[:200]!r}, "
+                                            f"{what}: rejected", "target": _session_spec(config)}])
+    return True
+
+
 def _started(config: pytest.Config, case_id: Any, key: str) -> None:
     """A worker's case starts: noted on disk (for a controller that dies) and in flight on it."""
+    if _start_refused(config, case_id):
+        return
     _note_inflight(config, case_id, key)
     with _lock:
         _state["inflight_by_worker"][key] = (case_id, time.monotonic(), False)
+
+
+def _session_spec(config: pytest.Config) -> str:
+    if "session_spec" not in _state:  # read once: the target's JSON is parsed for nothing else here
+        _state["session_spec"] = json.loads(config.getoption("--repro-target"))["spec"]
+    return cast(str, _state["session_spec"])
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -419,15 +439,13 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _state["workers"][key] = payload
     elif kind == "started":
         _started(config, payload, key)
-    elif kind == "loading":
+    elif kind == "loading" and not _start_refused(config, payload):
         with _lock:
             inflight[key] = (payload, time.monotonic(), True)
     elif kind == "record":
         with _lock:
             flight = inflight.pop(key, None)
-        if "session_spec" not in _state:  # read once: the target's JSON is parsed for nothing else here
-            _state["session_spec"] = json.loads(config.getoption("--repro-target"))["spec"]
-        spec = _state["session_spec"]
+        spec = _session_spec(config)
         if problem := _refusal(payload, spec, flight[0] if flight else None):
             _write_records(config, [{seal.REJECTED: problem, "target": spec}])
         else:

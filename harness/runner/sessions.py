@@ -197,26 +197,23 @@ def _stop(processes: list[subprocess.Popen[bytes]]) -> None:
             process.wait()
 
 
-def _record_lost_in_flight(target: targets.PreparedTarget, roles: dict[str, str], out_dir: Path, jsonl: Path,
-                           recorded: set[str], code: int, key: bytes | None = None) -> list[str]:
-    """After a session ended: the cases its controller heard start but never recorded (it
-    died with them in flight) get a crash record each, never a silent re-run; returns a
-    problem line per case, for the run."""
+def _record_lost_in_flight(target: targets.PreparedTarget, cases: list[Case], roles: dict[str, str], jsonl: Path,
+                           started: set[str], recorded: set[str], code: int, key: bytes | None = None) -> list[str]:
+    """After a session ended: the cases its controller heard start (`started`, from its in-flight
+    file) but never recorded (it died with them in flight) get a crash record each, never a silent
+    re-run; returns a problem line per case, for the run. Only the session's own cases: the
+    in-flight file is a file a target could write too."""
     from harness.model import Role
     from harness.runner.records import lost_case_record
 
-    path = out_dir / "sessions" / f"{session_name(target.spec)}.inflight.jsonl"
-    if not path.is_file():
-        return []
-    started = dict.fromkeys(json.loads(line)["case_id"] for line in path.read_text().splitlines() if line.strip())
-    lost = [case_id for case_id in started if case_id not in recorded]
+    lost = [case for case in cases if case.case_id in started and case.case_id not in recorded]
     why = "the session's controller died"
-    records = [lost_case_record(case_id, target.spec, Role(roles.get(Case.from_id(case_id).regression, "unknown")), why,
+    records = [lost_case_record(case.case_id, target.spec, Role(roles.get(case.regression, "unknown")), why,
                                 f"the pytest session of {target.spec} exited with status {code} while this case ran")
-               for case_id in lost]
+               for case in lost]
     rundir.append_records(jsonl, records, key)
-    return [f"{target.spec}: {why} (exit status {code}) with {case_id} in flight; recorded as a crash"
-            for case_id in lost]
+    return [f"{target.spec}: {why} (exit status {code}) with {case.case_id} in flight; recorded as a crash"
+            for case in lost]
 
 
 class StartedReader:
@@ -300,8 +297,9 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                     process, (target, cases, roles, attempt) = running.pop(pid)
                     exits[target.spec] = process.returncode
                     if process.returncode not in (0, 1):  # 1: harness errors recorded; else the session itself failed
-                        lines = _record_lost_in_flight(target, roles, out_dir, jsonl,
-                                                       reader.case_ids.get(target.spec, set()), process.returncode, key)
+                        lines = _record_lost_in_flight(target, cases, roles, jsonl, started.poll(target.spec),
+                                                       reader.case_ids.get(target.spec, set()), process.returncode,
+                                                       key)
                         if problems is not None:
                             problems += lines
                         reader.poll()
