@@ -15,6 +15,7 @@ def test_smoke_matrix_end_to_end(tmp_path: Path) -> None:
     out = tmp_path / "out"
     result = repro("run", "--matrix", "smoke", "--out", str(out), check_rc=0, env={**os.environ, "TMPDIR": str(scratch)})
     assert not list(scratch.iterdir()), "a run left files outside its run dir"
+    assert "Warning" not in result.stdout + result.stderr  # the judge's references warned on the terminal
     assert "te-2.13.0+backport matches te-2.16.0 on every case both ran" in result.stdout
     run = json.loads((out / "run.json").read_text())
     assert run["schema"] == "repro.run/2" and run["complete"]
