@@ -580,6 +580,11 @@ def test_fork_load_errors_name_file_line_module_and_symbol(fork: Path, tmp_path:
                                    "from npu_ext import npu_kernel\n", 1))
     out = cli("targets", f"path:{fork}").stdout
     assert "imports npu_kernel from npu_ext, which has no such name" in out and "unknown" not in out, out
+    # A tree written for another torch (an older fork: torch.onnx._type_utils is gone from torch 2.13) says so.
+    op.write_text(original.replace("\nimport torch\n", "\nimport torch\nfrom torch.onnx import _no_such_util\n", 1))
+    out = cli("targets", f"path:{fork}").stdout
+    assert "imports _no_such_util from torch.onnx, which has no such name in torch " in out, out
+    assert "the tree was written for another torch" in out, out
     # A module the fork ships is never stood in; one that neither the fork nor the environment has may be.
     config = tmp_path / "fork.toml"
     for shipped in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.ops.basic"):

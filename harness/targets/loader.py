@@ -31,6 +31,7 @@ from harness.errors import FidelityError, TargetLoadError
 from harness.targets import PreparedTarget
 from harness.targets.cpu_backend import boundary, device, extension, triton_kernels
 from harness.targets.cpu_backend.strict import StrictModule
+from harness.torch_version import torch_version
 
 # TE's own pass-through ops, by class name and the module that holds each, newest name first.
 TE_OPS = {
@@ -107,6 +108,14 @@ def _relative(filename: str, te_dir: Path) -> str:
     return str(path.relative_to(te_dir.resolve().parent)) if path.is_relative_to(te_dir.resolve().parent) else filename
 
 
+def _torch_hint(module: str | None) -> str:
+    """For a name torch lacks: which torch, so a tree written for another torch (an older fork that
+    imports what torch has since removed) says so."""
+    if module == "torch" or (module or "").startswith("torch."):
+        return f" in torch {torch_version()}: the tree was written for another torch"
+    return ""
+
+
 def _import(target: str, name: str, te_dir: Path) -> types.ModuleType:
     """Import one of the target's modules; any failure becomes one TargetLoadError naming
     the target's file and line that failed, the module and the missing name."""
@@ -119,14 +128,14 @@ def _import(target: str, name: str, te_dir: Path) -> types.ModuleType:
     except ModuleNotFoundError as exc:
         where = _importing_line(exc, te_dir) or name
         raise TargetLoadError(f"target {target}: {where} imports module {exc.name}, which neither the target, "
-                              "the environment nor the CPU backend provides") from None
+                              f"the environment nor the CPU backend provides{_torch_hint(exc.name)}") from None
     except ImportError as exc:
         where = _importing_line(exc, te_dir) or name
         symbol = _missing_symbol(exc)
         module = exc.name or _module_imported_at(where, te_dir)
         if symbol and module:
             raise TargetLoadError(f"target {target}: {where} imports {symbol} from {module}, "
-                                  f"which has no such name") from None
+                                  f"which has no such name{_torch_hint(module)}") from None
         raise TargetLoadError(f"target {target}: {where} cannot import: {exc}") from None
     except Exception as exc:  # noqa: BLE001 — a SyntaxError or error at import time is the target's load error
         where = _importing_line(exc, te_dir) or name
