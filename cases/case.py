@@ -28,7 +28,7 @@ class Case:
     Built positionally (`Case("issue22", "ops", ...)`, the regression's axis order) or by
     name (`Case("issue22", client="ops", ...)`, reordered into the regression's order)."""
 
-    __slots__ = ("regression", "values", "_id")
+    __slots__ = ("_id", "regression", "values")
     regression: str
     values: tuple[tuple[str, str], ...]
     _id: str | None  # the case id, once asked for: the run asks it of every case many times over
