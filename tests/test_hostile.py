@@ -304,6 +304,16 @@ def test_second_run_refused_stale_reports_removed_and_sigkill_ends_every_process
     assert not [pid for pid in processes if _alive(pid)]
 
 
+def test_a_run_into_an_earlier_runs_dir_judges_only_its_own_observations(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    command = ["run", *SMOKE, "--only", "grad_mode=no_grad", "--targets", "te-2.20.2", "--out", str(out)]
+    assert cli(*command).returncode == 0
+    again = cli(*command)  # the default --out is runs/<matrix>: running twice is the usual way
+    run = json.loads((out / "run.json").read_text())
+    assert run["rejected"] == [] and again.returncode == 0, again.stdout + again.stderr
+    assert not any(p.name.startswith(".scratch-") for p in out.iterdir())
+
+
 def test_disk_full_is_one_line_and_leaves_no_partial_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import errno
 

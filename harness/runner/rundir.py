@@ -41,7 +41,8 @@ STALE_FILES = ("run.json", "report.md", "report.html", "junit.xml", "results.jso
                "perf.svg", "review.md", "review.json")
 STALE_DIRS = ("sessions", "bench-logs")
 # What the harness writes inside those dirs (harness.runner.sessions, harness.bench): only these are removed.
-STALE_DIR_SUFFIXES = (".cases.json", ".log", ".description", ".startup.jsonl", ".inflight.jsonl", ".ini", ".json")
+STALE_DIR_SUFFIXES = (".cases.json", ".log", ".description", ".startup.jsonl", ".inflight.jsonl", ".ini", ".json",
+                      "observations.jsonl")  # the judge reads this one from its start: an earlier run's lines would be refused
 INPUTS = ("run.json", "results.jsonl", "run-meta.json")  # what `repro report` reads from a run dir
 REQUIRED_KEYS = ("case_id", "target", "outcome", "verdict", "expected")
 
