@@ -15,6 +15,7 @@ from tabulate import tabulate
 
 from harness import targets
 from harness.errors import UsageError
+from harness.runner import scratch
 from harness.runner.coverage import coverage, summary
 from harness.targets import sources
 
@@ -26,8 +27,9 @@ def inventory(spec: str, cache_dir: str | None, offline: bool) -> dict[str, list
     from harness.targets.site import exec_environment
 
     prepared = targets.prepare(spec, sources.cache_dir(cache_dir), offline)
-    done = subprocess.run([sys.executable, "-m", "harness.targets.inventory"], capture_output=True, text=True,
-                          env=exec_environment(prepared, False, dict(os.environ)), check=False)
+    with scratch.temporary() as scratch_env:
+        done = subprocess.run([sys.executable, "-m", "harness.targets.inventory"], capture_output=True, text=True,
+                              env=exec_environment(prepared, False, {**os.environ, **scratch_env}), check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]
         raise UsageError(f"target {spec} could not be loaded to list its ops: {last}")

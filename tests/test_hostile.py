@@ -233,13 +233,16 @@ def test_symlinked_source_file_is_refused(fork: Path, tmp_path: Path) -> None:
 
 def test_a_run_leaves_the_tree_byte_identical_without_pythondontwritebytecode(fork: Path, tmp_path: Path) -> None:
     before = tree_digest(fork)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    scratch = tmp_path / "tmp"  # and nothing outside the run dir either: the commands' temporary directory stays empty
+    scratch.mkdir()
+    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, "TMPDIR": str(scratch)}
     spec = f"path:{fork}"
     for args in (["run", *SMOKE, "--targets", f"{spec},{spec}+backport", "--out", str(tmp_path / "out")],
                  ["minimal", "--target", spec], ["targets", spec]):
         result = subprocess.run([sys.executable, "-m", "repro", *args], capture_output=True, text=True, cwd=REPO,
                                 env=env, check=False)
         assert result.returncode == 0, result.stderr
+        assert not list(scratch.iterdir()), args
     assert tree_digest(fork) == before
 
 

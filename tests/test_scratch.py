@@ -36,3 +36,11 @@ def test_a_killed_runs_scratch_folder_goes_with_its_stale_files_and_nothing_else
     (tmp_path / "scratch-but-not-ours").mkdir()
     rundir.remove_stale(tmp_path)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["scratch-but-not-ours", "users-notes.txt"]
+
+
+def test_a_command_without_a_run_dir_gets_a_scratch_folder_that_goes_with_it() -> None:
+    with scratch.temporary() as env:
+        folder = Path(env["TMPDIR"])
+        assert folder.is_dir() and folder.name.startswith(scratch.PREFIX)
+        (folder / "torch").mkdir()
+    assert not folder.exists() and not folder.parent.exists()

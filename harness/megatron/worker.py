@@ -14,6 +14,7 @@ from typing import Any
 
 from harness.errors import TargetLoadError, UsageError
 from harness.megatron.source import PreparedMegatron
+from harness.runner import scratch
 from harness.targets import PreparedTarget
 
 
@@ -49,8 +50,9 @@ def run_in_subprocess(prepared: PreparedTarget, megatron: PreparedMegatron,
     """Each (client, recompute) in one worker; report["results"] holds one result per scenario."""
     command = [sys.executable, "-m", "harness.megatron.worker", prepared.to_json(), megatron.to_json(),
                json.dumps([list(s) for s in scenarios])]
-    result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout,
-                            env=env if env is not None else dict(os.environ))
+    with scratch.temporary() as scratch_env:
+        result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout,
+                                env={**(env if env is not None else os.environ), **scratch_env})
     if result.returncode != 0 or not result.stdout.strip():
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]
         return {"load_error": f"megatron worker failed (exit {result.returncode}): {last}"}

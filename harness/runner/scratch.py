@@ -38,6 +38,14 @@ def scratch(run_dir: Path) -> Iterator[dict[str, str]]:
         shutil.rmtree(folder, ignore_errors=True)
 
 
+@contextmanager
+def temporary() -> Iterator[dict[str, str]]:
+    """For a command without a run dir (probing a target, Megatron's minimal scenario, listing a target's
+    ops): the same environment, its folder in a temporary directory removed with it."""
+    with tempfile.TemporaryDirectory(prefix="repro-scratch-") as folder, scratch(Path(folder)) as env:
+        yield env
+
+
 def remove_left(run_dir: Path) -> None:
     """The scratch folders of an earlier run into `run_dir` that was killed before it could remove them."""
     for entry in run_dir.glob(f"{PREFIX}*"):

@@ -18,18 +18,19 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from harness.runner import scratch
 from harness.targets import PreparedTarget
 
 PROBE_TIMEOUT_S = 300
 
 
 def probe(prepared: PreparedTarget, minimal: bool = False, timeout: float = PROBE_TIMEOUT_S) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory(prefix="repro-probe-") as scratch:
-        report, log = Path(scratch) / "report.json", Path(scratch) / "output.log"
+    with tempfile.TemporaryDirectory(prefix="repro-probe-") as folder, scratch.scratch(Path(folder)) as scratch_env:
+        report, log = Path(folder) / "report.json", Path(folder) / "output.log"
         command = [sys.executable, "-m", "harness.targets.probe", prepared.to_json(), "--report", str(report)]
         command += ["--minimal"] if minimal else []
         # The probe imports a target, which may be a user's own tree: never write bytecode into it.
-        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+        env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1", **scratch_env}
         with open(log, "wb") as output:
             process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=output, stderr=subprocess.STDOUT,
                                        env=env, start_new_session=True)
