@@ -43,6 +43,9 @@ from typing import Any
 from timed_run import timed_repro_run
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # this checkout's harness, as the floor's processes get it (PYTHONPATH)
+
+from harness.runner import scratch
 
 
 def run_once(matrix: str, targets: str | None, workers: int, out: Path, only: list[str],
@@ -136,7 +139,8 @@ def floor(case_ids: dict[str, list[str]], threads: int, at_once: int = 1) -> lis
     (each has the machine's cores to itself, the best case for it), or as many as the run's
     workers (two processes on two cores slow each other by a tenth or more, memory and caches
     shared: the run cannot do better than that)."""
-    with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp:
+    # The floor's processes keep their temporary files (torch's cache folder) in `tmp`, as the run's do in its run dir.
+    with tempfile.TemporaryDirectory(prefix="harness-speed-") as tmp, scratch.scratch(Path(tmp)) as env:
         jobs = []
         for index, (spec, ids) in enumerate(case_ids.items()):
             case_file = Path(tmp) / f"cases-{index}.json"
@@ -145,10 +149,10 @@ def floor(case_ids: dict[str, list[str]], threads: int, at_once: int = 1) -> lis
         case_file = Path(tmp) / "cases-all.json"
         case_file.write_text(json.dumps([i for ids in case_ids.values() for i in ids]))
         jobs.append(["--reference-floor", str(case_file)])
-        return _run_at_once(jobs, at_once, Path(tmp))
+        return _run_at_once(jobs, at_once, Path(tmp), env)
 
 
-def _run_at_once(jobs: list[list[str]], at_once: int, tmp: Path) -> list[dict[str, Any]]:
+def _run_at_once(jobs: list[list[str]], at_once: int, tmp: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     """This script with each job's arguments, `at_once` processes at a time (the next starts as
     soon as any ends); each one's figures, the last line of its output (kept in `tmp`)."""
     running: dict[int, subprocess.Popen[bytes]] = {}
@@ -159,7 +163,7 @@ def _run_at_once(jobs: list[list[str]], at_once: int, tmp: Path) -> list[dict[st
             # The children hold their own copies of the files.
             with open(tmp / f"output-{index}", "wb") as output, open(tmp / f"errors-{index}", "wb") as errors:
                 running[index] = subprocess.Popen([sys.executable, __file__, *job], stdout=output, stderr=errors,
-                                                  cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+                                                  cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO), **env})
         time.sleep(0.05)
         for index in [i for i, process in running.items() if process.poll() is not None]:
             if running.pop(index).returncode:

@@ -1065,6 +1065,18 @@ def test_the_controller_refuses_a_record_that_is_not_the_workers_to_send() -> No
                                                             "issue22:z") or "")
 
 
+def test_the_controller_refuses_a_start_that_is_not_the_workers_to_announce() -> None:
+    from harness.runner import plugin
+
+    plugin._state.update(recorded={"issue22:done"}, session_cases={"issue22:done", "issue22:x", "issue22:y"},
+                         inflight_by_worker={"gw1": ("issue22:y", 0.0, False), "gw0": ("issue22:x", 0.0, True)})
+    assert plugin._start_refusal("issue22:x", "gw0") is None  # its own case, loading, then started
+    assert "not a case of this session" in (plugin._start_refusal("issue22:z", "gw0") or "")
+    assert "not a case of this session" in (plugin._start_refusal({"case_id": "issue22:x"}, "gw0") or "")
+    assert "recorded already" in (plugin._start_refusal("issue22:done", "gw0") or "")
+    assert "in flight on another worker" in (plugin._start_refusal("issue22:y", "gw0") or "")
+
+
 def test_the_state_guard_names_and_undoes_each_change() -> None:
     import torch
 

@@ -400,21 +400,32 @@ def _note_inflight(config: pytest.Config, case_id: str, key: str) -> None:
         _state["inflight_file"].write(json.dumps({"case_id": case_id, "worker": key}) + "\n")
 
 
-def _start_refused(config: pytest.Config, case_id: Any) -> bool:
-    """Whether a worker's notice that a case starts (or loads) is refused, as a rejected record that
-    fails the run: the worker holds the target, so a case it names that is not one of this session's,
-    or was recorded already, is never put in flight (a crash would be attributed to it)."""
-    if isinstance(case_id, str) and case_id in _session_cases() and case_id not in _state["recorded"]:
+def _start_refusal(case_id: Any, key: str) -> str | None:
+    """Why the controller refuses a worker's notice that a case starts (or loads), or None: the worker
+    holds the target, so a case that is not one of this session's, was recorded already or is in flight
+    on another worker is never put in flight on it (its crash would be attributed to that case)."""
+    if not isinstance(case_id, str) or case_id not in _session_cases():
+        what = "not a case of this session"
+    elif case_id in _state["recorded"]:
+        what = "recorded already"
+    elif any(flight[0] == case_id for other, flight in _state["inflight_by_worker"].items() if other != key):
+        what = "in flight on another worker"
+    else:
+        return None
+    return f"a worker announced the start of {safe_text(str(case_id))[:200]!r}, {what}: rejected"
+
+
+def _start_refused(config: pytest.Config, case_id: Any, key: str) -> bool:
+    """Whether the notice is refused; a refusal is a rejected record, which fails the run."""
+    if (problem := _start_refusal(case_id, key)) is None:
         return False
-    what = "recorded already" if isinstance(case_id, str) and case_id in _session_cases() else "not a case of this session"
-    _write_records(config, [{seal.REJECTED: f"a worker announced the start of {safe_text(str(case_id))[:200]!r}, "
-                                            f"{what}: rejected", "target": _session_spec(config)}])
+    _write_records(config, [{seal.REJECTED: problem, "target": _session_spec(config)}])
     return True
 
 
 def _started(config: pytest.Config, case_id: Any, key: str) -> None:
     """A worker's case starts: noted on disk (for a controller that dies) and in flight on it."""
-    if _start_refused(config, case_id):
+    if _start_refused(config, case_id, key):
         return
     _note_inflight(config, case_id, key)
     with _lock:
@@ -439,7 +450,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
         _state["workers"][key] = payload
     elif kind == "started":
         _started(config, payload, key)
-    elif kind == "loading" and not _start_refused(config, payload):
+    elif kind == "loading" and not _start_refused(config, payload, key):
         with _lock:
             inflight[key] = (payload, time.monotonic(), True)
     elif kind == "record":

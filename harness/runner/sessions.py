@@ -106,7 +106,7 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
                    jsonl: Path, workers: int, case_timeout: float, attempt: int = 0,
                    tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
                    load_timeout: float = LOAD_TIMEOUT_S, max_rss: int = 0,
-                   key: bytes | None = None, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+                   key: bytes | None = None, extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """One pytest session for one target; its cases spread over `workers` xdist workers,
     or over the workers of the given xdist `--tx` specs. `attempt` counts the follow-up
     sessions of this target (its cases without a record after a worker died); they run
@@ -155,7 +155,7 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
             command += [f"--rsyncdir={d}" for d in (case_dir, repo / "harness", repo / "cases", *(rsyncdirs or []))]
     else:
         command += ["-n", str(max(1, workers))]
-    return _spawn(command, case_dir / f"{safe}.log", key_fd, append=bool(attempt), extra_env=env)
+    return _spawn(command, case_dir / f"{safe}.log", key_fd, append=bool(attempt), extra_env=extra_env)
 
 
 def _spawn(command: list[str], log_path: Path, key_fd: int, append: bool = False,
