@@ -256,6 +256,45 @@ def test_a_backlog_is_judged_in_steps(tmp_path: Path, monkeypatch: pytest.Monkey
     assert len(judge.results.read_text().splitlines()) == 2
 
 
+@pytest.mark.parametrize("read_step", [observations.READ_STEP, 64])
+def test_a_backlog_judged_in_steps_reads_each_byte_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                        read_step: int) -> None:
+    """A backlog judged a batch at a time is read from the file once: what a poll read past its batch
+    is kept for the next one, not read again (a run's observations are tens of MB)."""
+    monkeypatch.setattr(observations, "READ_STEP", read_step)
+    key = b"k" * 32
+    judge = _judge(tmp_path, key)
+    cases = [CASE, OTHER, CASE, OTHER]  # the repeats are rejected as copies: judged lines all the same
+    judge.path.write_text("".join(observations.line(c.case_id, "te-2.13.0", _raw(1.0, c), key) for c in cases))
+    read = 0
+    real_open = open
+
+    class Counting:
+        def __init__(self, handle):  # type: ignore[no-untyped-def]
+            self.handle = handle
+
+        def __enter__(self):  # type: ignore[no-untyped-def]
+            return self
+
+        def __exit__(self, *exc):  # type: ignore[no-untyped-def]
+            self.handle.close()
+
+        def seek(self, offset: int) -> None:
+            self.handle.seek(offset)
+
+        def read(self, size: int = -1) -> bytes:
+            nonlocal read
+            data = self.handle.read(size)
+            read += len(data)
+            return data
+
+    monkeypatch.setattr(observations, "open", lambda path, mode: Counting(real_open(path, mode)), raising=False)
+    while judge.poll(limit=1) or judge.offset < judge.path.stat().st_size:
+        pass
+    assert judge.offset == read == judge.path.stat().st_size
+    assert len(judge.results.read_text().splitlines()) == 2 and len(judge.rejected) == 2
+
+
 def test_a_backlog_is_judged_in_slices_of_time(tmp_path: Path) -> None:
     """Within a poll's slice of time the judge goes on to the next observation; past it, it stops after
     the one in hand (at least one a poll), and the rest waits for the next poll."""

@@ -78,14 +78,6 @@ def line(case_id: str, target: str, raw: Any, key: bytes | None) -> str:
     return line_of_text(case_id, target, raw_text(raw), key)
 
 
-def _after_line(chunk: bytes, count: int) -> int:
-    """Where the `count`-th line of `chunk` ends."""
-    end = 0
-    for _ in range(count):
-        end = chunk.index(b"\n", end) + 1
-    return end
-
-
 def _torch_for_judging() -> None:
     """torch, imported when the first observation comes rather than before the sessions start:
     its import then overlaps the workers' start-up instead of delaying it."""
@@ -103,6 +95,7 @@ class Judge:
         self.path, self.results, self.key, self.written = path, results, key, written
         self.roles, self.versions = roles, versions
         self.offset, self.lines = 0, 0
+        self.unread = b""  # read past `offset` by an earlier poll, not judged yet: never read twice
         self.rejected: list[str] = []
         self.judged: set[tuple[str, str]] = set()  # (target, case id)
         self.references: dict[str, dict[str, Any]] = {}  # by case id: the same for every target
@@ -113,22 +106,14 @@ class Judge:
         moves on once their records are written: a poll interrupted (Ctrl-C) is done again whole."""
         if not self.path.is_file():
             return 0
-        with open(self.path, "rb") as handle:
-            handle.seek(self.offset)
-            chunk = handle.read(READ_STEP if limit else -1)  # a batch needs the start of a backlog, not all of it
-            while limit and chunk.count(b"\n") < limit and (more := handle.read(READ_STEP)):
-                chunk += more
-        end = chunk.rfind(b"\n") + 1
-        if limit and chunk.count(b"\n", 0, end) > limit:
-            end = _after_line(chunk, limit)
-        complete = chunk[:end]
-        if complete:
+        data, end = self._read(limit)
+        if end:
             _torch_for_judging()
         deadline = time.monotonic() + seconds if seconds else None
         records, used = [], 0
-        for text, ended in zip(complete.splitlines(), complete.splitlines(keepends=True), strict=True):
+        for ended in data[:end].splitlines(keepends=True):  # bytes split at \n, \r and \r\n only
             used += len(ended)
-            if (record := self._judged(text)) is not None:
+            if (record := self._judged(ended.rstrip(b"\r\n"))) is not None:
                 records.append(record)
             if deadline is not None and time.monotonic() > deadline:
                 break
@@ -138,7 +123,29 @@ class Judge:
                 self.written.update((line.encode("utf-8", "surrogateescape"), record)
                                     for line, record in zip(lines, records))
         self.offset += used
+        self.unread = data[used:]
         return len(records)
+
+    def _read(self, limit: int) -> tuple[bytes, int]:
+        """What lies past `offset` (the bytes an earlier poll read but left, then the file's new ones),
+        and where its first `limit` complete lines end (all of them without a limit). A batch reads
+        only as far as its lines reach, each byte once, and counts the lines it has as it goes."""
+        parts, end, found = [self.unread], 0, 0
+        size = len(self.unread)
+        with open(self.path, "rb") as handle:
+            handle.seek(self.offset + size)
+            if not limit:
+                parts.append(handle.read())
+            while limit:
+                data = b"".join(parts) if len(parts) > 1 else parts[0]
+                parts = [data]
+                while found < limit and (newline := data.find(b"\n", end)) >= 0:
+                    end, found = newline + 1, found + 1
+                if found == limit or not (more := handle.read(READ_STEP)):
+                    return data, end
+                parts.append(more)
+        data = b"".join(parts)
+        return data, data.rfind(b"\n") + 1
 
     def _judged(self, text: bytes) -> dict[str, Any] | None:
         self.lines += 1
