@@ -1049,11 +1049,11 @@ def test_a_record_no_session_wrote_is_rejected_and_fails_the_run(fork: Path, tmp
     assert "1 records rejected" in " ".join(run["summary"]["fail_reasons"])
 
 
-def test_the_controller_refuses_a_record_that_is_not_the_workers_to_send() -> None:
+def test_the_controller_refuses_a_record_that_is_not_the_workers_to_send(monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.runner import plugin
 
-    plugin._state["recorded"] = {"issue22:done"}
-    plugin._state["session_cases"] = {"issue22:done", "issue22:x", "issue22:y"}
+    monkeypatch.setitem(plugin._state, "recorded", {"issue22:done"})
+    monkeypatch.setitem(plugin._state, "session_cases", {"issue22:done", "issue22:x", "issue22:y"})
     record = {"case_id": "issue22:x", "target": "te-2.13.0"}
     assert plugin._refusal(record, "te-2.13.0", "issue22:x") is None
     assert "another target" in (plugin._refusal({**record, "target": "te-2.16.0"}, "te-2.13.0", "issue22:x") or "")
@@ -1065,11 +1065,13 @@ def test_the_controller_refuses_a_record_that_is_not_the_workers_to_send() -> No
                                                             "issue22:z") or "")
 
 
-def test_the_controller_refuses_a_start_that_is_not_the_workers_to_announce() -> None:
+def test_the_controller_refuses_a_start_that_is_not_the_workers_to_announce(monkeypatch: pytest.MonkeyPatch) -> None:
     from harness.runner import plugin
 
-    plugin._state.update(recorded={"issue22:done"}, session_cases={"issue22:done", "issue22:x", "issue22:y"},
-                         inflight_by_worker={"gw1": ("issue22:y", 0.0, False), "gw0": ("issue22:x", 0.0, True)})
+    monkeypatch.setitem(plugin._state, "recorded", {"issue22:done"})
+    monkeypatch.setitem(plugin._state, "session_cases", {"issue22:done", "issue22:x", "issue22:y"})
+    monkeypatch.setitem(plugin._state, "inflight_by_worker",
+                        {"gw1": ("issue22:y", 0.0, False), "gw0": ("issue22:x", 0.0, True)})
     assert plugin._start_refusal("issue22:x", "gw0") is None  # its own case, loading, then started
     assert "not a case of this session" in (plugin._start_refusal("issue22:z", "gw0") or "")
     assert "not a case of this session" in (plugin._start_refusal({"case_id": "issue22:x"}, "gw0") or "")

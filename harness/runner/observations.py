@@ -130,22 +130,18 @@ class Judge:
         """What lies past `offset` (the bytes an earlier poll read but left, then the file's new ones),
         and where its first `limit` complete lines end (all of them without a limit). A batch reads
         only as far as its lines reach, each byte once, and counts the lines it has as it goes."""
-        parts, end, found = [self.unread], 0, 0
-        size = len(self.unread)
+        data, end, found = self.unread, 0, 0
         with open(self.path, "rb") as handle:
-            handle.seek(self.offset + size)
+            handle.seek(self.offset + len(data))
             if not limit:
-                parts.append(handle.read())
-            while limit:
-                data = b"".join(parts) if len(parts) > 1 else parts[0]
-                parts = [data]
+                data += handle.read()
+                return data, data.rfind(b"\n") + 1
+            while True:
                 while found < limit and (newline := data.find(b"\n", end)) >= 0:
                     end, found = newline + 1, found + 1
                 if found == limit or not (more := handle.read(READ_STEP)):
                     return data, end
-                parts.append(more)
-        data = b"".join(parts)
-        return data, data.rfind(b"\n") + 1
+                data += more
 
     def _judged(self, text: bytes) -> dict[str, Any] | None:
         self.lines += 1
