@@ -198,8 +198,10 @@ def _startup_line(label: str, entries: list[dict[str, Any]]) -> str:
         values = [e[key] for e in entries if e.get(key) is not None]
         return f"{statistics.median(values):.2f} s (x{len(values)})" if values else "- (none)"
 
+    preloaded = sum(1 for e in entries if e.get("torch_preloaded"))  # forked by the run's fork server
     return (f"{label}: torch import {median('torch_import_s')}, target load {median('target_load_s')}, "
-            f"megatron import {median('megatron_import_s')}  [median per process]")
+            f"megatron import {median('megatron_import_s')}  [median per process]"
+            + (f"; {preloaded} of {len(entries)} forked with torch imported" if preloaded else ""))
 
 
 def main() -> int:

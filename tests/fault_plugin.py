@@ -37,6 +37,27 @@ RAISES = {
 }
 
 
+_main_argv: list[str] = []
+
+
+def pytest_configure(config) -> None:  # type: ignore[no-untyped-def]
+    _main_argv[:] = getattr(config, "workerinput", {}).get("mainargv", [])
+
+
+def _controller() -> int:
+    """The session's controller: a worker the run's fork server forked is not its child, so it is
+    found by its command line (xdist hands each worker the controller's argv)."""
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                args = handle.read().decode(errors="replace").split("\0")[:-1]
+        except (OSError, ValueError):
+            continue
+        if _main_argv and args[3:] == _main_argv[1:] and args[1:3] == ["-m", "pytest"]:
+            return int(entry)
+    return os.getppid()
+
+
 def pytest_repro_case_started(case_id: str) -> None:
     fault = json.loads(os.environ.get(ENV) or "{}").get(case_id)
     if fault == "segfault":
@@ -55,7 +76,7 @@ def pytest_repro_case_started(case_id: str) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     elif fault == "kill_controller":
         time.sleep(2)  # the controller has noted the case as in flight
-        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(_controller(), signal.SIGKILL)
         time.sleep(3600)
     elif fault == "orphan":
         code = (f"import os, time; open({ORPHAN_PIDS!r}, 'a').write(str(os.getpid()) + '\\n'); "

@@ -976,12 +976,26 @@ def test_a_library_that_patches_torch_in_the_worker_does_not_reach_the_reference
     assert ran and all("outputs" in r["failed_checks"] for r in ran if r["outcome"] != "crash"), ran[0]
 
 
-# At import, a tree whose RMSNorm is off by 1.5 finds the run's observations file on its parent's
+# A tree in a worker finds its session's controller's command line: its parent's, or, for a worker the
+# run's fork server forked, that of the pytest process whose target is a path: tree (this one).
+CONTROLLER_ARGS = """
+import os as _os
+def _controller_args():
+    for _pid in [_os.getppid(), *(int(p) for p in _os.listdir("/proc") if p.isdigit())]:
+        try:
+            _found = open(f"/proc/{_pid}/cmdline", "rb").read().decode().split("\\0")
+        except OSError:
+            continue
+        if any(a.startswith("--repro-target=") and '"path:' in a for a in _found):
+            return _found
+    return []
+_args = _controller_args()
+"""
+# At import, a tree whose RMSNorm is off by 1.5 finds the run's observations file on its controller's
 # command line and appends, for each of its cases, an observation whose sides match the reference.
-OBSERVATION_FORGER = """
-import json as _json, os as _os
+OBSERVATION_FORGER = CONTROLLER_ARGS + """
+import json as _json
 from pathlib import Path as _Path
-_args = open(f"/proc/{_os.getppid()}/cmdline", "rb").read().decode().split("\\0")
 _path = next((_Path(a.split("=", 1)[1]) for a in _args if a.startswith("--repro-observations=")), None)
 if _path:
     from cases.case import Case as _Case
@@ -1023,11 +1037,10 @@ def test_observations_a_tree_writes_are_not_judged(fork: Path, tmp_path: Path) -
 
 
 VICTIM_CASE = "issue22:ops-rmsnorm-no_grad-non_leaf-trainable-none-single-dense-float32-cpu"
-# At import, a tree reads the results file's path from its parent's (the controller's) command
-# line and appends a record of its own for another target: that target's affected case "fixed".
-FORGER = f"""
-import json as _json, os as _os
-_args = open(f"/proc/{{_os.getppid()}}/cmdline", "rb").read().decode().split("\\0")
+# At import, a tree reads the results file's path from its controller's command line and appends
+# a record of its own for another target: that target's affected case "fixed".
+FORGER = CONTROLLER_ARGS + f"""
+import json as _json
 _path = next((a.split("=", 1)[1] for a in _args if a.startswith("--repro-jsonl=")), None)
 if _path:
     with open(_path, "a") as _out:

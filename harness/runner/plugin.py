@@ -23,6 +23,9 @@ the timeout against the case, or records every case of the session as a load fai
 the target and ends the session. A worker on another host is bounded by its own watchdog
 thread (the controller cannot signal it).
 
+A local worker is forked by the run's fork server (harness.runner.forkserver) rather than started
+afresh, with torch and this plugin already imported; nothing here depends on which.
+
 Every case the controller hears start is noted in the `--repro-inflight` file, so that
 when the controller itself dies the runner can record a crash for the cases it had in
 flight (harness.runner.sessions).
@@ -153,6 +156,7 @@ def _torch_import_s() -> float:
     """How long importing torch took this process: timed where it first happens (the
     collection of the cases, whose modules import it), once."""
     if "torch_import_s" not in _state:
+        _state["torch_preloaded"] = "torch" in sys.modules  # forked by the run's fork server (harness.runner.forkserver)
         started = time.perf_counter()
         import torch  # noqa: F401
 
@@ -181,7 +185,8 @@ def _worker_setup(config: pytest.Config) -> None:
         description = _state["target"].description
     except TargetLoadError as exc:
         _state["target"], description = exc, f"load error: {exc}"
-    _state["startup"] = {"torch_import_s": torch_s, "target_load_s": time.perf_counter() - loading,
+    _state["startup"] = {"torch_import_s": torch_s, "torch_preloaded": _state["torch_preloaded"],
+                         "target_load_s": time.perf_counter() - loading,
                          "megatron_import_s": None, "pid": os.getpid(), "host": socket.gethostname(), "cwd": os.getcwd()}
     _state["description"] = description
     _state["spec"] = json.loads(config.getoption("--repro-target"))["spec"]

@@ -8,11 +8,13 @@ import functools
 import json
 import os
 import platform
+import secrets
+import shlex
 import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -23,7 +25,7 @@ from cases.regression import Regression
 from harness import targets
 from harness.errors import UsageError
 from harness.model import BAD_VERDICTS, SCHEMA, Role, Run
-from harness.runner import completeness, lifetime, memory, observations, rundir, scratch, seal
+from harness.runner import completeness, forkserver, lifetime, memory, observations, rundir, scratch, seal
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 from harness.runner.rundir import session_name
@@ -153,12 +155,15 @@ def _start_session(prepared: targets.PreparedTarget, cases: list[Case], roles: d
             # xdist's rsync; its records come back over xdist's channel (see the plugin).
             repo = Path(__file__).resolve().parents[2]
             command += [f"--rsyncdir={d}" for d in (case_dir, repo / "harness", repo / "cases", *(rsyncdirs or []))]
+    elif forkserver.ADDRESS_ENV in (extra_env or {}):  # each worker forked by the run's fork server
+        client = f"{shlex.quote(sys.executable)} -S -m harness.runner.forkclient"
+        command += ["--dist", "load", f"--tx={max(1, workers)}*popen//python={client}"]
     else:
         command += ["-n", str(max(1, workers))]
     return _spawn(command, case_dir / f"{safe}.log", key_fd, append=bool(attempt), extra_env=extra_env)
 
 
-def _spawn(command: list[str], log_path: Path, key_fd: int, append: bool = False,
+def _spawn(command: list[str], log: Path | int, key_fd: int, append: bool = False,
            extra_env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
     """A child of the run: its own process group (stopped as a whole), killed by the kernel if we
     die, with the harness importable, `key_fd` (the run's seal key, or -1) inherited and `extra_env`
@@ -167,15 +172,43 @@ def _spawn(command: list[str], log_path: Path, key_fd: int, append: bool = False
     env = lifetime.session_env({**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"},
                                 "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1", "PYTHONPATH": os.pathsep.join(
         [str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")]), **(extra_env or {})})
-    with open(log_path, "a" if append else "w") as log:
+    with open(log, "a" if append else "w", closefd=not isinstance(log, int)) as output:
         # The pre-exec hook only calls prctl and getppid, safe between fork and exec.
         arm = functools.partial(lifetime.die_with_parent, os.getpid())
         try:
-            return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+            return subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT, env=env, start_new_session=True,
                                     preexec_fn=arm, pass_fds=(key_fd,) if key_fd >= 0 else ())  # noqa: PLW1509
         finally:
             if key_fd >= 0:
                 os.close(key_fd)
+
+
+@contextlib.contextmanager
+def _fork_server(tx: list[str] | None) -> Iterator[tuple[dict[str, str], int]]:
+    """The run's fork server (harness.runner.forkserver), stopped with its workers when the block
+    ends: the environment that names it to the sessions' workers, and its output (a memfd).
+    Workers on other hosts (`tx`) and systems without Linux's subreaper are started by xdist as
+    before: an empty environment."""
+    if tx or lifetime._PRCTL is None:
+        yield {}, -1
+        return
+    address = f"te-fuser-repro-{os.getpid()}-{secrets.token_hex(8)}"
+    # Held in memory: the run dir is not this run's to write until its targets are prepared.
+    output = os.memfd_create("forkserver.log")
+    try:
+        server = _spawn([sys.executable, "-m", "harness.runner.forkserver", address], output, -1)
+        try:
+            yield {forkserver.ADDRESS_ENV: address}, output
+        finally:
+            _stop([server])
+    finally:
+        os.close(output)
+
+
+def _keep_output(fd: int, path: Path) -> None:
+    """What a process wrote to `fd` (a memfd), kept in `path` if it wrote anything."""
+    if fd >= 0 and (size := os.lseek(fd, 0, os.SEEK_END)):
+        path.write_bytes(os.pread(fd, size, 0))
 
 
 def observations_path(out_dir: Path) -> Path:
@@ -254,7 +287,8 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                   tx: list[str] | None = None, rsyncdirs: list[str] | None = None,
                   load_timeout: float = LOAD_TIMEOUT_S, problems: list[str] | None = None,
                   max_rss: int = 0, key: bytes | None = None, rejected: list[str] | None = None,
-                  reader: ProgressReader | None = None) -> dict[str, int]:
+                  reader: ProgressReader | None = None,
+                  fork_server: tuple[dict[str, str], int] = ({}, -1)) -> dict[str, int]:
     """Run the target sessions. Start-up (torch, megatron, the target) costs a worker
     seconds, so for ordinary selections the sessions run side by side, one worker each;
     a session too large for that gets all the workers, one session at a time. With xdist
@@ -276,7 +310,8 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
     baseline = dict(reader.done)
     totals = {t.spec: len(cases) for t, cases, _ in plan}
     (out_dir / "sessions").mkdir(exist_ok=True)
-    with scratch.scratch(out_dir) as env:  # removed once the sessions have stopped
+    with scratch.scratch(out_dir) as scratch_env:  # removed once the sessions have stopped
+        env = {**scratch_env, **fork_server[0]}
         judge = observations.Judge(observations_path(out_dir), jsonl, key, {t.spec: r for t, _, r in plan},
                                    {t.spec: t.version or "" for t, _, _ in plan}, reader.sealed.written)
         try:
@@ -324,6 +359,7 @@ def _run_sessions(plan: list[tuple[targets.PreparedTarget, list[Case], dict[str,
                 problems += judge.problems()
             if rejected is not None:
                 rejected += judge.rejected
+            _keep_output(fork_server[1], out_dir / "sessions" / "forkserver.log")
     return exits
 
 
@@ -385,65 +421,67 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     by_target = plan_targets(selections, specs, regressions_of)
     out_dir = Path(os.path.abspath(out_dir))  # handed to the sessions as arguments
     rundir.check_writable(out_dir)
-    prepared = {spec: targets.prepare(spec, cache, offline, fork_config) for spec in by_target}
-    roles = {spec: {s.regression.id: (role_override, "given by the caller") if role_override
-                    else role_of(s.regression, prepared[spec]) for s in chosen}
-             for spec, chosen in by_target.items()}
-    devices = {c.get("device") or "cpu" for s in selections for c in s.cases}
-    device_reasons: dict[str, str | None] = {"cpu": None}
-    if devices - {"cpu"}:  # asking torch for devices imports it (seconds before the first session starts)
-        from harness.targets.devices import unavailable_reasons
+    # Started first: it imports torch and the harness while the targets are prepared and the roles decided.
+    with _fork_server(tx) as fork_server:
+        prepared = {spec: targets.prepare(spec, cache, offline, fork_config) for spec in by_target}
+        roles = {spec: {s.regression.id: (role_override, "given by the caller") if role_override
+                        else role_of(s.regression, prepared[spec]) for s in chosen}
+                 for spec, chosen in by_target.items()}
+        devices = {c.get("device") or "cpu" for s in selections for c in s.cases}
+        device_reasons: dict[str, str | None] = {"cpu": None}
+        if devices - {"cpu"}:  # asking torch for devices imports it (seconds before the first session starts)
+            from harness.targets.devices import unavailable_reasons
 
-        device_reasons = unavailable_reasons()
-    excluded = {s.regression.id: dict(s.excluded) for s in selections}
-    runnable: dict[str, list[Case]] = {s.regression.id: [] for s in selections}
-    for selection in selections:
-        for case in selection.cases:
-            device = case.get("device") or "cpu"
-            reason = device_reasons.get(device)
-            if reason:
-                key = f"device {device} unavailable: {reason}"
-                excluded[selection.regression.id][key] = excluded[selection.regression.id].get(key, 0) + 1
-            else:
-                runnable[selection.regression.id].append(case)
-    def wanted(spec: str, case: Case) -> bool:
-        return pairs is None or (spec, case.case_id) in pairs or (None, case.case_id) in pairs
+            device_reasons = unavailable_reasons()
+        excluded = {s.regression.id: dict(s.excluded) for s in selections}
+        runnable: dict[str, list[Case]] = {s.regression.id: [] for s in selections}
+        for selection in selections:
+            for case in selection.cases:
+                device = case.get("device") or "cpu"
+                reason = device_reasons.get(device)
+                if reason:
+                    key = f"device {device} unavailable: {reason}"
+                    excluded[selection.regression.id][key] = excluded[selection.regression.id].get(key, 0) + 1
+                else:
+                    runnable[selection.regression.id].append(case)
+        def wanted(spec: str, case: Case) -> bool:
+            return pairs is None or (spec, case.case_id) in pairs or (None, case.case_id) in pairs
 
-    # A patch that does not apply leaves its target unrunnable: one target-level line, no case run there.
-    blocked = {spec: target_problem(p) for spec, p in prepared.items() if p.patch_status == "conflict"}
-    plan = [(prepared[spec], [c for s in chosen for c in runnable[s.regression.id] if wanted(spec, c)]
-             if spec not in blocked else [], catalogue_roles(prepared[spec], roles[spec]))
-            for spec, chosen in by_target.items()]
-    rundir.remove_stale(out_dir)
-    jsonl = out_dir / "results.jsonl"
-    jsonl.touch()  # there from the start, even while the first case of every session is still running
-    # Written first, so a run that dies can still say which results it is missing.
-    expected_keys = [[target.spec, case.case_id] for target, cases, _ in plan for case in cases]
-    rundir.write_atomic(out_dir / "run-meta.json", json.dumps({
-        "matrix": matrix, "only": only or [], "targets": list(by_target), "expected_results": len(expected_keys),
-        "expected_keys": expected_keys}))
-    for target, cases, _ in plan:
-        progress(f"{target.spec}: {len(cases)} cases to run "
-                 f"({', '.join(f'{r} {v.value}' for r, (v, _) in roles[target.spec].items())})")
-    previous = signal.signal(signal.SIGTERM, _raise_interrupted)
-    session_problems: list[str] = []
-    session_rejected: list[str] = []  # observations the run's judge refused (harness.runner.observations)
-    seal_key = seal.new_key()  # this run's: only the lines its own processes seal count
-    reader = ProgressReader(jsonl, seal_key)
-    try:
-        exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout, tx, rsyncdirs, load_timeout,
-                              session_problems, memory.default_max_rss(workers) if max_rss is None else max_rss,
-                              seal_key, session_rejected, reader)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    descriptions = {spec: _read_description(out_dir, target) for spec, target in prepared.items()}
-    run = assemble(matrix, selections, plan, roles, excluded, descriptions, reader.sealed)
-    run["target_problems"] = [{"target": spec, "problem": line} for spec, line in blocked.items()]
-    run["problems"] = session_problems + run["problems"]
-    run["rejected"] = session_rejected + run["rejected"]
-    run["not_run"] = completeness.not_run(run, [(target, cases) for target, cases, _ in plan], exits,
-                                          out_dir / "sessions")
-    return run
+        # A patch that does not apply leaves its target unrunnable: one target-level line, no case run there.
+        blocked = {spec: target_problem(p) for spec, p in prepared.items() if p.patch_status == "conflict"}
+        plan = [(prepared[spec], [c for s in chosen for c in runnable[s.regression.id] if wanted(spec, c)]
+                 if spec not in blocked else [], catalogue_roles(prepared[spec], roles[spec]))
+                for spec, chosen in by_target.items()]
+        rundir.remove_stale(out_dir)
+        jsonl = out_dir / "results.jsonl"
+        jsonl.touch()  # there from the start, even while the first case of every session is still running
+        # Written first, so a run that dies can still say which results it is missing.
+        expected_keys = [[target.spec, case.case_id] for target, cases, _ in plan for case in cases]
+        rundir.write_atomic(out_dir / "run-meta.json", json.dumps({
+            "matrix": matrix, "only": only or [], "targets": list(by_target), "expected_results": len(expected_keys),
+            "expected_keys": expected_keys}))
+        for target, cases, _ in plan:
+            progress(f"{target.spec}: {len(cases)} cases to run "
+                     f"({', '.join(f'{r} {v.value}' for r, (v, _) in roles[target.spec].items())})")
+        previous = signal.signal(signal.SIGTERM, _raise_interrupted)
+        session_problems: list[str] = []
+        session_rejected: list[str] = []  # observations the run's judge refused (harness.runner.observations)
+        seal_key = seal.new_key()  # this run's: only the lines its own processes seal count
+        reader = ProgressReader(jsonl, seal_key)
+        try:
+            exits = _run_sessions(plan, out_dir, jsonl, workers, progress, case_timeout, tx, rsyncdirs, load_timeout,
+                                  session_problems, memory.default_max_rss(workers) if max_rss is None else max_rss,
+                                  seal_key, session_rejected, reader, fork_server)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        descriptions = {spec: _read_description(out_dir, target) for spec, target in prepared.items()}
+        run = assemble(matrix, selections, plan, roles, excluded, descriptions, reader.sealed)
+        run["target_problems"] = [{"target": spec, "problem": line} for spec, line in blocked.items()]
+        run["problems"] = session_problems + run["problems"]
+        run["rejected"] = session_rejected + run["rejected"]
+        run["not_run"] = completeness.not_run(run, [(target, cases) for target, cases, _ in plan], exits,
+                                              out_dir / "sessions")
+        return run
 
 
 def assemble(matrix: str, selections: list[Selection],
