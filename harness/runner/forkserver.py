@@ -80,7 +80,7 @@ def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
         raise
 
 
-def _become_worker(request: dict[str, Any], fds: list[int], keep_out: list[int]) -> None:
+def _become_worker(request: dict[str, Any], fds: list[int], keep_out: list[int], server: int) -> None:
     """In the forked child: the process `python -c CODE` would have been, with the client's
     descriptors, environment and directory. Never returns."""
     code = 1
@@ -94,14 +94,14 @@ def _become_worker(request: dict[str, Any], fds: list[int], keep_out: list[int])
                 os.close(fd)
         if lifetime._PRCTL is not None:  # its descendants stay its own; it dies with this server
             lifetime._PRCTL(reaper.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        lifetime.die_with_parent(os.getppid())
+        lifetime.die_with_parent(server)  # not getppid(): a server already gone leaves another parent
         for target, fd in enumerate(fds):
             os.dup2(fd, target)
             os.close(fd)
         os.chdir(request.get("cwd") or "/")
         os.environ.clear()
         # The parent it finds is this server: its session's controller is its client's parent.
-        os.environ.update({**request.get("env", {}), lifetime.PARENT_ENV: str(os.getppid())})
+        os.environ.update({**request.get("env", {}), lifetime.PARENT_ENV: str(server)})
         tempfile.tempdir = None  # found again from the worker's TMPDIR (the run's scratch folder), not this server's
         sys.dont_write_bytecode = sys.dont_write_bytecode or "-B" in request.get("flags", [])
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
@@ -179,9 +179,10 @@ class Server:
             return
         keep_out = [self.listener.fileno(), self.wakeup, self.wakeup_write, self.selector.fileno(),
                     *(c.fileno() for c in (*self.workers.values(), *self.pending, conn))]
+        server = os.getpid()
         worker = os.fork()
         if worker == 0:
-            _become_worker(request, fds, keep_out)
+            _become_worker(request, fds, keep_out, server)
         for fd in fds:
             os.close(fd)
         self.workers[worker] = conn
