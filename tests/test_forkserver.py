@@ -15,9 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.runner import reaper
 from harness.runner.forkserver import ADDRESS_ENV
 from harness.runner.rundir import session_name
 from tests.conftest import REPO
+from tests.processes import alive
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux's subreaper and abstract sockets")
 
@@ -26,19 +28,11 @@ REPORT = ("import os, sys, tempfile; print(os.getppid(), 'torch' in sys.modules,
           "os.environ.get('ASKED'), flush=True)")
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 def _gone_within(pids: list[int], seconds: float) -> bool:
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline and any(map(_alive, pids)):
+    while time.monotonic() < deadline and any(map(alive, pids)):
         time.sleep(0.05)
-    return not any(map(_alive, pids))
+    return not any(map(alive, pids))
 
 
 def _start_server() -> tuple[subprocess.Popen[bytes], str]:
@@ -94,7 +88,7 @@ def test_the_worker_ends_with_its_client(server: tuple[subprocess.Popen[bytes], 
     client = _client(address, "import os, time; print(os.getpid(), flush=True); time.sleep(600)", tmp_path)
     assert client.stdout is not None
     worker = int(client.stdout.readline())
-    assert _alive(worker)
+    assert alive(worker)
     client.kill()  # as the session's reaper, or the kernel when the session's controller dies, ends it
     client.wait()
     assert _gone_within([worker], 10)
@@ -115,8 +109,8 @@ def test_what_a_worker_leaves_behind_ends_and_the_server_ends_every_worker(tmp_p
         client = _client(address, f"{leaver}; import time; time.sleep(600)", tmp_path)
         assert client.stdout is not None
         daemon = int(client.stdout.readline())
-        worker = _children(process.pid)
-        assert worker and _alive(daemon)
+        worker = reaper._children_of(process.pid)
+        assert worker and alive(daemon)
         process.terminate()  # as the kernel does when the run dies
         process.wait(timeout=30)
         assert _gone_within([daemon, *worker], 10)
@@ -124,17 +118,6 @@ def test_what_a_worker_leaves_behind_ends_and_the_server_ends_every_worker(tmp_p
     finally:
         process.kill()
         process.wait()
-
-
-def _children(pid: int) -> list[int]:
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                found.append(int(stat.parent.name))
-        except OSError:
-            continue
-    return found
 
 
 def test_a_runs_workers_are_forked_with_torch_imported(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from harness.targets import forkconfig, patching, sources
 from repro.reports import show_command
 from tests.conftest import REPO
 from tests.fault_plugin import ENV, PLUGIN
+from tests.processes import alive
 
 ORPHAN_ENV = "REPRO_TEST_ORPHAN_PIDS"
 
@@ -264,14 +265,6 @@ def _descendants(pid: int) -> set[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc; PR_SET_PDEATHSIG and the subreaper are Linux's")
 def test_second_run_refused_stale_reports_removed_and_sigkill_ends_every_process(tmp_path: Path) -> None:
     out = tmp_path / "out"
@@ -297,14 +290,14 @@ def test_second_run_refused_stale_reports_removed_and_sigkill_ends_every_process
         assert_refused(second, "another repro run is writing to")
         orphans = _orphans(tmp_path / "orphans", timeout=120)
         processes = _descendants(first.pid) | set(orphans)
-        assert orphans and all(map(_alive, orphans))
+        assert orphans and all(map(alive, orphans))
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
     deadline = time.time() + 10
-    while time.time() < deadline and any(map(_alive, processes)):
+    while time.time() < deadline and any(map(alive, processes)):
         time.sleep(0.2)
-    assert not [pid for pid in processes if _alive(pid)]
+    assert not [pid for pid in processes if alive(pid)]
 
 
 def test_a_run_into_an_earlier_runs_dir_judges_only_its_own_observations(tmp_path: Path) -> None:
@@ -747,7 +740,7 @@ def _orphans(path: Path, timeout: float = 0) -> list[int]:
 def test_processes_a_case_starts_end_with_its_session(hostile_run) -> None:
     out, _ = hostile_run
     orphans = _orphans(out.parent / "orphans")
-    assert orphans and not [pid for pid in orphans if _alive(pid)]
+    assert orphans and not [pid for pid in orphans if alive(pid)]
 
 
 def _records(out: Path) -> dict[str, dict]:
