@@ -35,11 +35,11 @@ def _gone_within(pids: list[int], seconds: float) -> bool:
     return not any(map(alive, pids))
 
 
-def _start_server() -> tuple[subprocess.Popen[bytes], str]:
+def _start_server(**popen: object) -> tuple[subprocess.Popen[bytes], str]:
     """A fork server, once it listens (a client that finds none starts the plain worker)."""
     address = f"te-fuser-repro-test-{secrets.token_hex(6)}"
     process = subprocess.Popen([sys.executable, "-m", "harness.runner.forkserver", address], cwd=REPO,
-                               env={**os.environ, "PYTHONPATH": str(REPO)})
+                               **{"env": {**os.environ, "PYTHONPATH": str(REPO)}, **popen})  # type: ignore[call-overload]
     deadline = time.monotonic() + 60
     while f"@{address}" not in Path("/proc/net/unix").read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -81,6 +81,31 @@ def test_without_a_server_the_client_is_the_plain_worker(tmp_path: Path) -> None
         parent, torch_there, *_rest, asked = out.split()
         assert int(parent) == os.getpid() and torch_there == "False" and asked == "plain", err
         assert client.returncode == 5
+
+
+def test_no_worker_is_forked_where_torch_autoloads_a_device_backend(tmp_path: Path) -> None:
+    # A device backend as torch_npu registers itself: an entry point of the group torch.backends,
+    # which torch calls at import. Its runtime would not survive a fork.
+    (tmp_path / "fake_npu.py").write_text("def autoload():\n    pass\n")
+    info = tmp_path / "fake_npu-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-npu\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[torch.backends]\nfake_npu = fake_npu:autoload\n")
+    # The harness turns torch's autoloading off; a user who turns it on again gets it.
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)]), "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"}
+    process, address = _start_server(env=env, stderr=subprocess.PIPE)
+    try:
+        _, said_bytes = process.communicate(timeout=60)  # it ends after saying why
+        said = said_bytes.decode()
+        assert "no worker is forked: the device backend fake_npu was imported with torch" in said, said
+        client = _client(address, f"{REPORT}; raise SystemExit(4)", tmp_path, PYTHONPATH=env["PYTHONPATH"],
+                         TORCH_DEVICE_BACKEND_AUTOLOAD="1")
+        out, err = client.communicate(timeout=120)
+        parent, torch_there, *_rest = out.split()
+        assert int(parent) == os.getpid() and torch_there == "False" and client.returncode == 4, err
+    finally:
+        process.kill()
+        process.wait()
 
 
 def test_the_worker_ends_with_its_client(server: tuple[subprocess.Popen[bytes], str], tmp_path: Path) -> None:
@@ -129,3 +154,13 @@ def test_a_runs_workers_are_forked_with_torch_imported(tmp_path: Path) -> None:
     startup = (out / "sessions" / f"{session_name('te-2.20.2')}.startup.jsonl").read_text().splitlines()
     assert [json.loads(line)["torch_preloaded"] for line in startup] == [True]
     assert not (out / "sessions" / "forkserver.log").exists()  # it had nothing to say
+
+
+def test_no_worker_is_forked_after_cuda_was_initialized(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from harness.runner.forkserver import fork_hazard
+
+    assert fork_hazard() is None  # this machine's imports: CPU only, nothing autoloaded
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # as a GPU machine's would be after a CUDA call
+    assert fork_hazard() == "CUDA was initialized by the imports"

@@ -14,7 +14,10 @@ What held for a worker started by xdist still holds for a forked one:
   server is a child subreaper too, and on SIGTERM (sent by the kernel when the run dies too)
   kills every descendant;
 - only a peer of this server's own user gets a worker (SO_PEERCRED); the address is an
-  abstract socket, so nothing is written to the file system.
+  abstract socket, so nothing is written to the file system;
+- where the imports set up an accelerator's runtime, which a fork does not carry (`fork_hazard`),
+  the server says why in its log (sessions/forkserver.log) and ends: the clients then start
+  their workers themselves.
 
 Protocol, one connection per worker: the client sends its stdin, stdout and stderr (SCM_RIGHTS)
 with an 8-byte length, then that many bytes of JSON {"code", "env", "cwd", "flags"}; the server
@@ -27,6 +30,7 @@ import atexit
 import contextlib
 import gc
 import importlib
+import importlib.metadata
 import io
 import json
 import os
@@ -55,6 +59,21 @@ PRELOAD = ("torch", "pytest", "execnet", "xdist.plugin", "xdist.remote", "cases.
 def preload() -> None:
     for name in PRELOAD:
         importlib.import_module(name)
+
+
+def fork_hazard() -> str | None:
+    """Why workers forked from this process would be unsafe, or None. An accelerator's runtime
+    set up by the imports (its threads and device handles) does not survive a fork: CUDA's, or
+    that of a device backend imported with torch (torch_npu, for one, when torch autoloads it)."""
+    import torch
+
+    if torch.cuda.is_initialized():
+        return "CUDA was initialized by the imports"
+    # The harness turns torch's autoloading off (harness/__init__.py); a user may turn it on again.
+    backends = {entry.value.split(":")[0] for entry in importlib.metadata.entry_points(group="torch.backends")}
+    if loaded := sorted(name for name in backends | {"torch_npu"} if name in sys.modules):
+        return f"the device backend {', '.join(loaded)} was imported with torch"
+    return None
 
 
 def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
@@ -237,6 +256,9 @@ def main(address: str) -> int:
     signal.set_wakeup_fd(wakeup_write)
     signal.signal(signal.SIGCHLD, lambda _signum, _frame: None)  # handled through the wakeup pipe
     preload()
+    if hazard := fork_hazard():  # the clients find no server and start their workers themselves
+        os.write(2, f"repro fork server: no worker is forked: {hazard}\n".encode())
+        return 0
     gc.freeze()  # the imports' objects stay out of the workers' collections: their pages stay shared
     Server(listener, (wakeup_read, wakeup_write)).serve()
     return 0
