@@ -161,6 +161,7 @@ def test_no_worker_is_forked_after_cuda_was_initialized(monkeypatch: pytest.Monk
 
     from harness.runner.forkserver import fork_hazard
 
-    assert fork_hazard() is None  # this machine's imports: CPU only, nothing autoloaded
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)  # whatever this test process did before
+    assert fork_hazard() is None
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # as a GPU machine's would be after a CUDA call
     assert fork_hazard() == "CUDA was initialized by the imports"

@@ -133,10 +133,12 @@ def _become_worker(request: dict[str, Any], fds: list[int], keep_out: list[int],
         try:
             exec(compile(request["code"], "<string>", "exec"), main.__dict__)  # noqa: S102 — the client's `-c`
             code = 0
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-            if not isinstance(exc.code, int) and exc.code is not None:
+        except SystemExit as exc:  # as Python exits: None is 0, an int itself, anything else printed and 1
+            if exc.code is None or isinstance(exc.code, int):
+                code = exc.code or 0
+            else:
                 print(exc.code, file=sys.stderr)
+                code = 1
         atexit._run_exitfuncs()
     except BaseException:  # noqa: BLE001 — reported as Python would, in the worker's stderr
         with contextlib.suppress(BaseException):
@@ -236,17 +238,7 @@ class Server:
 
 
 def main(address: str) -> int:
-    if lifetime._PRCTL is not None:  # as harness.runner.reaper: orphans come here; the run's death is a SIGTERM
-        lifetime._PRCTL(reaper.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        lifetime._PRCTL(lifetime.PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    lifetime.die_with_parent_check()
-
-    def stop(signum: int, _frame: Any) -> None:
-        reaper.kill_descendants()
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    reaper.become_reaper()  # orphans come here; the run's death, a SIGTERM, ends every worker
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind("\0" + address)  # bound before the imports: a client that comes early waits for them
     listener.listen(64)

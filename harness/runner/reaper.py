@@ -66,21 +66,28 @@ def kill_descendants() -> None:
                 break
 
 
-def main(command: list[str], pass_fds: tuple[int, ...] = ()) -> int:
+def _stop(signum: int, _frame: Any) -> None:
+    kill_descendants()
+    os._exit(128 + signum)
+
+
+def become_reaper() -> None:
+    """This process as a reaper (this module's, and the run's fork server): orphaned descendants
+    come to it, its parent's death is a SIGTERM, and SIGTERM or SIGINT end every descendant
+    before it exits with 128+N."""
     if lifetime._PRCTL is not None:
         lifetime._PRCTL(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         lifetime._PRCTL(lifetime.PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
     lifetime.die_with_parent_check()
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+
+
+def main(command: list[str], pass_fds: tuple[int, ...] = ()) -> int:
+    become_reaper()
     child = subprocess.Popen(command, env={**os.environ, lifetime.PARENT_ENV: str(os.getpid())}, pass_fds=pass_fds)
     for fd in pass_fds:  # the session's now; this process has no use for it
         os.close(fd)
-
-    def stop(signum: int, _frame: Any) -> None:
-        kill_descendants()
-        os._exit(128 + signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
     code = child.wait()
     kill_descendants()
     return 128 - code if code < 0 else code
