@@ -7,6 +7,9 @@ Dashboards read the verdict, not the raw outcome:
 - the rest pass.
 Classnames carry no dots (Jenkins-style viewers split a classname at its dots into packages):
 so the classname is `issue22_te-2_13_0`, and the target spec is a suite property. The root carries the totals.
+Suites and classnames carry no machine path or 40-hex id: a review's labels (base, head+backport), else
+the spec as a pull request shows it. In a review's run only the failures the review counts (new or
+changed at head) are failures; the others are skipped with why, so the counts say what the verdict says.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections import Counter
 from typing import Any
 
 from repro import reports
+from repro.render_review import pr_spec
 
 # XML 1.0 cannot hold most control characters, which an exception message may carry.
 _NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ufffe\uffff]")
@@ -57,9 +61,11 @@ def _body(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _testcase(suite: ET.Element, record: dict[str, Any]) -> str:
-    """Adds the testcase; returns what it counts as: pass, skipped, failure or error."""
-    classname = dot_free(f"{reports.regression_of(record)}.{dot_free(record['target'])}")
+def _testcase(suite: ET.Element, record: dict[str, Any], name: str, counted: set[tuple[str, str]] | None) -> str:
+    """Adds the testcase; returns what it counts as: pass, skipped, failure or error. In a review's
+    run (`counted` given) only the failures the review counts are failures: base's, the standing
+    ones and those raised in a fork's kernel module are listed as skipped, with why."""
+    classname = dot_free(f"{reports.regression_of(record)}.{dot_free(name)}")
     case = ET.SubElement(suite, "testcase", classname=_text(classname), name=_text(record["case_id"]),
                          time=f"{record.get('duration_s') or 0.0:.6f}")
     verdict = record["verdict"]
@@ -67,6 +73,11 @@ def _testcase(suite: ET.Element, record: dict[str, Any]) -> str:
         message = f"reproduced (expected failure): {_summary(record)}"
         # No body: an expected failure needs no traceback on a dashboard (run.json has it).
         ET.SubElement(case, "skipped", type="pytest.xfail", message=_text(message[:MESSAGE_CHARS]))
+        return "skipped"
+    if counted is not None and verdict in reports.BAD_VERDICTS and (record["target"], record["case_id"]) not in counted:
+        why = "at base" if name.startswith("base") else "unchanged from base, or raised in the fork's own kernels"
+        ET.SubElement(case, "skipped", type="not counted by the review",
+                      message=_text(f"{verdict} {why}: {_summary(record)}"[:MESSAGE_CHARS]))
         return "skipped"
     if verdict in FAILURE_VERDICTS or verdict == "harness_error":
         kind = "error" if verdict == "harness_error" else "failure"
@@ -101,9 +112,9 @@ def _missing(run: dict[str, Any], spec: str) -> list[dict[str, str]]:
     return mine
 
 
-def _missing_testcase(suite: ET.Element, spec: str, item: dict[str, str]) -> str:
+def _missing_testcase(suite: ET.Element, spec: str, name: str, item: dict[str, str]) -> str:
     """A missing result is an error: a dashboard is never greener than the run."""
-    classname = dot_free(f"{reports.regression_of({'case_id': item['case_id']})}.{dot_free(spec)}")
+    classname = dot_free(f"{reports.regression_of({'case_id': item['case_id']})}.{dot_free(name)}")
     case = ET.SubElement(suite, "testcase", classname=_text(classname),
                          name=_text(item["case_id"]), time="0")
     why = item.get("reason") or "the run ended before this case recorded a result"
@@ -138,9 +149,13 @@ def render_junit(run: dict[str, Any]) -> str:
     root = ET.Element("testsuites", name=f"repro {run.get('matrix', '?')}")
     totals: Counter[str] = Counter()
     total_time = 0.0
+    review = run.get("review") or {}
+    counted = {(t, c) for t, c in review["failing"]} if "failing" in review else None
     for spec in reports.target_specs(run):
+        # A suite is named by the review's label or the spec as a PR shows it: no machine path, no 40-hex id.
+        name = (review.get("labels") or {}).get(spec) or pr_spec(spec)
         ran = [r for r in run["results"] if r["target"] == spec and r["outcome"] not in NOT_RUN]
-        suite = ET.SubElement(root, "testsuite", name=_text(dot_free(spec)), hostname=_text(hostname))
+        suite = ET.SubElement(root, "testsuite", name=_text(dot_free(name)), hostname=_text(hostname))
         if timestamp:
             suite.set("timestamp", timestamp)
         properties = ET.SubElement(suite, "properties")
@@ -149,8 +164,8 @@ def render_junit(run: dict[str, Any]) -> str:
             ET.SubElement(properties, "property", name=name, value=_text(value))
         if note := reports.incomplete_note(run):
             ET.SubElement(properties, "property", name="incomplete", value=_text(note))
-        kinds = Counter(_testcase(suite, record) for record in ran)
-        kinds += Counter(_missing_testcase(suite, spec, item) for item in _missing(run, spec))
+        kinds = Counter(_testcase(suite, record, name, counted) for record in ran)
+        kinds += Counter(_missing_testcase(suite, spec, name, item) for item in _missing(run, spec))
         tests = sum(kinds.values())
         seconds = sum(r.get("duration_s") or 0.0 for r in ran)
         suite.attrib.update(tests=str(tests), failures=str(kinds["failure"]), errors=str(kinds["error"]),

@@ -57,6 +57,15 @@ def table(headers: list[str], rows: list[list[Any]]) -> list[str]:
             *("| " + " | ".join(str(c) for c in row) + " |" for row in rows)]
 
 
+def pr_paths(text: str) -> str:
+    """Absolute paths cut to their part inside the TE tree (or their last name): no machine path in a report."""
+    def cut(match: re.Match[str]) -> str:
+        path = match.group(0)
+        inside = path.find("/transformer_engine/")
+        return path[inside + 1:] if inside >= 0 else "…/" + path.rstrip("/").rsplit("/", 1)[-1]
+    return re.sub(r"(?<![\w.:/-])/(?:[^\s/:;,()'\"`]+/)+[^\s/:;,()'\"`]*", cut, text)
+
+
 def details(summary: str, body: list[str]) -> list[str]:
     return ["<details><summary>" + summary + "</summary>", "", *body, "", "</details>", ""]
 
@@ -77,8 +86,7 @@ def status_block(run: dict[str, Any], reviewed: bool = False) -> list[str]:
         facts.append(f"{summary['excluded']} infeasible combinations not run")
     if not reviewed and (elapsed := _elapsed(summary.get("elapsed_s"))):
         facts.append(elapsed)
-    lines = [f"**{mark} {summary['status']} — review: {plain(summary['recommendation'])}**", ""] \
-        if summary.get("recommendation") else []
+    lines = [f"**Review: {plain(summary['recommendation'])}**", ""] if summary.get("recommendation") else []
     lines += [f"**{mark} {summary['status']}**: " + ", ".join(facts)
              + (f". Failing because: {', '.join(summary['fail_reasons'])}." if summary["fail_reasons"] else "."), ""]
     for regression, said in reports.headlines(run).items():

@@ -1,29 +1,33 @@
-"""The upstream-sync review of a stored run (base and head, each with the patches that
-apply): one verdict and one recommendation, per regression the state at base and at head and
-what to do with each patch, the cases whose result changed grouped by signature, and both
-trees' provenance. A pure function of the stored run and the patch assessments.
+"""The upstream-sync review of a stored run (base and head, each with the patches that apply):
+the review's state read off the stored run (`review_state`), its one outcome decided by the
+table in harness/runner/decision.py, per regression the state at base and at head and one
+advice per patch, and the failure signatures grouped by how the sync changed them. A pure
+function of the stored run and the patch assessments.
 
-The verdict is the review's, and the run's own reports carry it (`run["review"]`): FAIL when
-the head does something base did not (a new or changed failure, lost coverage, a bug back, a
-bad verdict, a target problem, a regression it could not judge), when a declared expectation
-is not met, or when results are missing. What base and head share equally is a warning.
+Every output reads the decision: review.md, review.json, the run's own reports (`run["review"]`),
+junit, the terminal's last line and the exit status.
 """
 
 from __future__ import annotations
 
 import re
 from collections import Counter
+from dataclasses import asdict
 from typing import Any
 
+from harness.runner import decision as table
 from harness.runner import upstream_diff
 from harness.runner.completeness import incomplete_reason
+from harness.runner.decision import Decision, PatchState, RegressionState, ReviewState, SideState, SignatureGroup
 from harness.runner.expectations import unmet
 from harness.runner.status import BAD, JUDGED, known_bug_counts, unjudged
+from harness.targets.patching import APPLIES, CONFLICT, FIX_FORK, FIX_UPSTREAM, IN_TREE
 from repro import diff, reports
+from repro.render_md import pr_paths
 
 EXAMPLES = 2  # example case ids per group of changes
-GROUPS_LISTED = 12  # groups of changes in review.md's table; all are in review.json
-DROP = "drop the backport"
+PATCH_STATE = {APPLIES: table.APPLIES, IN_TREE: table.PRESENT, CONFLICT: table.CONFLICTS}  # else stale
+HARNESS_KERNELS = ("the harness's CPU stand-ins", "the native extension")
 
 
 def _only(run: dict[str, Any], spec: str) -> dict[str, Any]:
@@ -45,7 +49,7 @@ def labels(run: dict[str, Any], base: str, head: str) -> dict[str, str]:
 
 def target_state(run: dict[str, Any], spec: str, regression: str) -> dict[str, Any]:
     """A target's role (and why) for a regression, and what its cases did, counted by verdict:
-    "reproduces" counts only the predicted symptom."""
+    "reproduces" counts only the predicted symptom; `state` is the decision table's word for it."""
     target = reports.target_info(run, spec)
     records = [r for r in run["results"] if r["target"] == spec and r["regression"] == regression]
     judged = [r for r in records if r["verdict"] in JUDGED]
@@ -54,6 +58,7 @@ def target_state(run: dict[str, Any], spec: str, regression: str) -> dict[str, A
     symptom = sum(bool(r.get("symptom")) or r["verdict"] == "reproduced" for r in affected)
     bad = Counter(r["verdict"] for r in records if r["verdict"] in BAD)
     role = (target.get("roles") or {}).get(regression, "?")
+    passed = sum(r["outcome"] == "pass" or r["verdict"] == "fixed" for r in affected)
     if not records:
         said = "not run"
     elif not affected:
@@ -68,126 +73,160 @@ def target_state(run: dict[str, Any], spec: str, regression: str) -> dict[str, A
         said += "; " + ", ".join(f"{n} show {rid}'s symptom" for rid, n in known.items())
     if bad:
         said += "; needs a look: " + ", ".join(f"{n} {v}" for v, n in sorted(bad.items()))
+    if role == "predates":
+        state = table.PREDATES
+    elif symptom:
+        state = table.REPRODUCES
+    elif not affected or passed < len(affected):  # nothing judged, or failing otherwise: no fix is shown
+        state = table.UNJUDGED
+    else:
+        state = table.FIXED_UPSTREAM if role == "fixed_upstream" else table.FIXED
     return {"spec": spec, "role": role, "why": (target.get("role_reasons") or {}).get(regression, ""),
             "cases": len(records), "affected": len(affected), "reproduced": verdicts["reproduced"],
-            "fixed": verdicts["fixed"], "symptom": symptom, "bad": dict(bad), "known_bugs": dict(known), "said": said}
-
-
-def patch_advice(assessment: dict[str, Any], head: dict[str, Any], patched: dict[str, Any] | None) -> str:
-    """What to do with one patch at head, from its two parts, the head's role and what the head
-    and the head with the patch applied did."""
-    name = assessment["patch"]
-    if head["role"] == "predates":
-        return f"no backport needed: the head predates the regression ({head['why']})"
-    if assessment["text"] == "applies" and head["symptom"]:
-        fixed = f" (with it: {patched['said']})" if patched else ""
-        return f"re-apply patches/{name}.patch: it applies{fixed}"
-    if assessment["text"] == "conflict" and head["affected"] and not head["symptom"] and not head["bad"]:
-        return (f"{assessment['advice']}; yet the head passes every one of its {head['affected']} affected cases:"
-                " the fix may be there in a form no marker knows; look, then add a marker to"
-                f" patches/{name}.toml or drop the backport")
-    return str(assessment["advice"])
+            "fixed": verdicts["fixed"], "symptom": symptom, "bad": dict(bad), "known_bugs": dict(known), "said": said,
+            "state": state}
 
 
 def _kernels(run: dict[str, Any], spec: str) -> str:
-    """Who computed a target's kernels, from its stored description ("...; kernels: WHO (...); ...")."""
+    """Who computed a target's kernels, from its stored description ("...; kernels: WHO (...); ..."),
+    without machine paths."""
     found = re.search(r"kernels: (.*?)(?:; TE's own|$)", reports.target_info(run, spec).get("description") or "")
-    return found.group(1) if found else "?"
+    return pr_paths(found.group(1)) if found else "?"
 
 
-def _provider(kernels: str) -> str:
+def provider(kernels: str) -> str:
     """The kernel provider without its counts: base and head of one provider read the same."""
-    return re.sub(r" \(.*", "", kernels)
+    return re.sub(r" \((?:\d+ kernels|[^)]*names).*", "", kernels).split("; the harness stands in")[0]
 
 
-def _twin_states(run: dict[str, Any], spec: str, twin: str | None) -> tuple[Counter[str], Counter[str]]:
-    """Bad verdicts at `spec` (by verdict and signature), and those its twin at base shares case for case."""
-    theirs = {r["case_id"]: r for r in run["results"] if r["target"] == twin}
-    ours: Counter[str] = Counter()
-    shared: Counter[str] = Counter()
+def provider_file(kernels: str) -> str:
+    """The tree file of a fork's own kernel module ("transformer_engine/…/x.py"), or ""."""
+    found = re.search(r"\((transformer_engine/[^)]+\.py)\)", kernels)
+    return found.group(1) if found else ""
+
+
+# ---- the review's state, read off the stored run ----
+
+def _short_cause(text: str) -> str:
+    """A load failure as "file:line Error: message": the TE path's package prefix and the target's name cut."""
+    text = re.sub(r"^(?:load error: )?target \S+: ", "", text)
+    found = re.search(r"failed at (?:transformer_engine/pytorch/)?(\S+?): (.*)$", text, re.DOTALL)
+    return pr_paths(" ".join((f"{found.group(1)} {found.group(2)}" if found else text).split()))
+
+
+def side_state(run: dict[str, Any], spec: str) -> SideState:
+    records = [r for r in run["results"] if r["target"] == spec]
+    description = reports.target_info(run, spec).get("description") or ""
+    load_errors = [r for r in records if r["outcome"] == "harness_error" and "load" in (r.get("failed_checks") or [])]
+    loads = not description.startswith("load error") and not (records and len(load_errors) == len(records))
+    cause = (load_errors[0].get("note") or "") if load_errors else description
+    unjudged_reasons = Counter(r.get("verdict_reason") or r["verdict"] for r in records if r["verdict"] not in JUDGED)
+    problems = [p["problem"] for p in run.get("target_problems") or [] if p["target"] == spec]
+    why = problems[0] if problems and not records else \
+        (unjudged_reasons.most_common(1)[0][0] if unjudged_reasons else "")
+    kernels = _kernels(run, spec)
+    return SideState(loads=loads, load_cause="" if loads else _short_cause(cause), cases=len(records),
+                     judged=sum(r["verdict"] in JUDGED for r in records), unjudged_cause=_short_cause(why),
+                     kernels=provider(kernels),
+                     own_kernels=kernels != "?" and not kernels.startswith(HARNESS_KERNELS))
+
+
+def _where(detail: str) -> str:
+    found = re.search(r"fails at (?:transformer_engine/pytorch/)?(\S+:\d+)", detail)
+    return found.group(1) if found else ""
+
+
+def patch_states(assessed: dict[str, list[dict[str, Any]]], base: str, head: str) -> list[PatchState]:
+    """One state per (patch, regression it fixes): its text at base and at head, and the fix at head."""
+    at_base = {a["patch"]: a for a in assessed.get(base, [])}
+    found = []
+    for a in assessed.get(head, []):
+        b = at_base.get(a["patch"], a)
+        for rid in a["fixes"]:
+            found.append(PatchState(a["patch"], rid, PATCH_STATE.get(b["text"], table.STALE),
+                                    PATCH_STATE.get(a["text"], table.STALE), a["fix"] in (FIX_UPSTREAM, FIX_FORK),
+                                    _where(a.get("text_detail") or "")))
+    return found
+
+
+def _pairs(run: dict[str, Any], base: str, head: str) -> list[tuple[str, str]]:
+    """(base side, head side) pairs: base with head, and each patched head with its base twin, else base."""
+    specs = reports.target_specs(run)
+    pairs = [(base, head)]
+    for spec in specs:
+        if spec.startswith(f"{head}+"):
+            twin = base + spec[len(head):]
+            pairs.append((twin if twin in specs else base, spec))
+    return pairs
+
+
+def _key(record: dict[str, Any]) -> str:
+    """A failure's signature with its verdict; a harness error's is its cause (it has no TE frame)."""
+    if record["verdict"] == "harness_error":
+        return f"harness_error: {_short_cause(record.get('note') or record.get('verdict_reason') or '')[:100]}"
+    return f"{record['verdict']}: {diff.signature(record)}"
+
+
+def _raised_in(record: dict[str, Any], module_file: str) -> bool:
+    """Whether the failure's innermost TE frame lies in the fork's kernel module (or its package)."""
+    where = ((record.get("error") or {}).get("location") or "").rpartition(":")[0]
+    if not module_file or not where:
+        return False
+    package = module_file.rpartition("/")[0]
+    own_package = package not in ("transformer_engine", "transformer_engine/pytorch")  # not TE's own folders
+    return where == module_file or (own_package and where.startswith(package + "/"))
+
+
+def classify(run: dict[str, Any], base: str, head: str) -> tuple[list[dict[str, Any]], list[list[str]]]:
+    """The failure signatures grouped by how the sync changed them, with examples, and the (target,
+    case) pairs the review counts as failing: new and changed failures at head not raised in a
+    fork's kernel module. A head failure whose case did not run at base is standing when base
+    fails with the same signature elsewhere (the same bug reaching a pipeline new to head)."""
+    by_target: dict[str, dict[str, dict[str, Any]]] = {}
     for record in run["results"]:
-        if record["target"] != spec or record["verdict"] not in BAD:
-            continue
-        key = f"{record['verdict']}: {diff.signature(record)}"
-        ours[key] += 1
-        other = theirs.get(record["case_id"])
-        if other and other["verdict"] == record["verdict"] and diff.signature(other) == diff.signature(record):
-            shared[key] += 1
-    return ours, shared
-
-
-def _bad_lines(who: str, found: Counter[str]) -> list[str]:
-    """One line per verdict: how many results, in how many signatures."""
-    results: Counter[str] = Counter()
-    signatures: Counter[str] = Counter()
-    for key, n in found.items():
-        verdict = key.partition(":")[0]
-        results[verdict] += n
-        signatures[verdict] += 1
-    return [f"{who}: {n} {v} ({signatures[v]} signature{'s' * (signatures[v] > 1)})" for v, n in results.items()]
-
-
-def group_changes(changes: list[dict[str, Any]], regression_of: dict[str, str]) -> list[dict[str, Any]]:
-    """Changes grouped by kind, regression and the two signatures, most first, with examples."""
+        by_target.setdefault(record["target"], {})[record["case_id"]] = record
     groups: dict[tuple[str, str, str, str], list[str]] = {}
-    for change in changes:
-        key = (change["kind"], regression_of.get(change["case_id"], change["case_id"].partition(":")[0]),
-               change["before_signature"], change["after_signature"])
-        groups.setdefault(key, []).append(change["case_id"])
-    out: list[dict[str, Any]] = [{"kind": k[0], "regression": k[1], "base": k[2], "head": k[3], "count": len(ids),
-                                  "examples": ids[:EXAMPLES]} for k, ids in groups.items()]
-    out.sort(key=lambda g: (diff.KINDS.index(g["kind"]), -g["count"]))
-    return out
+    failing: list[list[str]] = []
+    for base_spec, head_spec in _pairs(run, base, head):
+        before, after = by_target.get(base_spec, {}), by_target.get(head_spec, {})
+        base_failures = {_key(r) for r in before.values() if r["verdict"] in BAD}
+        module = {s: provider_file(_kernels(run, s)) for s in (base_spec, head_spec)}
+        for case_id, record in after.items():
+            twin = before.get(case_id)
+            if record["verdict"] == "not_judged" and twin is not None and diff.ran(twin):
+                # lost coverage that also needs a person (an op of ours under a name we do not know)
+                change, key, where = table.STOPPED, f"{twin['verdict']} → not_judged", ""
+                failing.append([head_spec, case_id])
+            elif record["verdict"] in BAD:
+                key = _key(record)
+                if twin is not None and twin["verdict"] in BAD and _key(twin) == key:
+                    change = table.STANDING
+                elif twin is None or not diff.ran(twin):
+                    change = table.STANDING if key in base_failures else table.NEW
+                else:
+                    change = table.CHANGED if twin["verdict"] in BAD else table.NEW
+                where = provider(_kernels(run, head_spec)) if _raised_in(record, module[head_spec]) else ""
+                if change in (table.NEW, table.CHANGED) and not where:
+                    failing.append([head_spec, case_id])
+            elif twin is not None and diff.ran(twin) and not diff.ran(record):
+                change, key, where = table.STOPPED, f"{twin['verdict']} → not run", ""
+            elif twin is not None and twin["verdict"] in BAD and diff.ran(record):
+                change, key = table.FIXED_BY_SYNC, _key(twin)
+                where = provider(_kernels(run, base_spec)) if _raised_in(twin, module[base_spec]) else ""
+            else:
+                continue
+            groups.setdefault((change, record["regression"], key, where), []).append(case_id)
+    found = [{"change": change, "regression": rid, "signature": key, "provider": where, "count": len(ids),
+              "examples": ids[:EXAMPLES]} for (change, rid, key, where), ids in groups.items()]
+    found.sort(key=lambda g: (table.CHANGES.index(g["change"]), bool(g["provider"]), -int(g["count"])))
+    return found, failing
 
 
-def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[dict[str, Any]]],
-           accept_lost_coverage: bool = False, upstream_tests: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The review as data (review.json); `assessed` holds each tree's patch assessments;
-    `upstream_tests`, upstream's own fuser tests on both (upstream_diff.section), when run."""
-    comparison = diff.compare(_only(run, base), _only(run, head), [(base, head)])
-    by_id = {(r["target"], r["case_id"]): r for r in run["results"]}
-    changes = [{**c.__dict__, "before_signature": diff.signature(by_id.get((base, c.case_id))),
-                "after_signature": diff.signature(by_id.get((head, c.case_id)))} for c in comparison.changes]
-    names = labels(run, base, head)
-    kernels = {side: _kernels(run, spec) for side, spec in (("base", base), ("head", head))}
-    same_kernels = _provider(kernels["base"]) == _provider(kernels["head"])
-    regressions = []
-    for info in run["regressions"]:
-        rid = info["id"]
-        patches = {side: [a for a in assessed[spec] if rid in a["fixes"]] for side, spec in (("base", base),
-                                                                                              ("head", head))}
-        patched = {f"{spec}+{a['patch']}": target_state(run, f"{spec}+{a['patch']}", rid)
-                   for spec, side in ((base, "base"), (head, "head")) for a in patches[side]
-                   if f"{spec}+{a['patch']}" in reports.target_specs(run)}
-        states = {side: target_state(run, spec, rid) for side, spec in (("base", base), ("head", head))}
-        advice = [patch_advice(a, states["head"], patched.get(f"{head}+{a['patch']}")) for a in patches["head"]]
-        regressions.append({
-            "id": rid, "title": info.get("title", ""), "upstream": info.get("upstream", ""),
-            "first_fixed": info.get("first_fixed"), **states, "patches": patches, "patched": patched,
-            "advice": advice, "drop_backport": [a["patch"] for a, said in zip(patches["head"], advice, strict=True)
-                                                if DROP in said],
-            "back": bool(states["head"]["symptom"]) and not states["base"]["symptom"],
-            "unmet": unmet(run, rid)})
-    reasons: list[str] = []
+def _other_reasons(run: dict[str, Any], names: dict[str, str], regressions: list[dict[str, Any]],
+                   upstream_tests: dict[str, Any] | None) -> tuple[list[str], list[str]]:
+    """Reasons for a look that no other rule covers, and warnings (what base and head share)."""
+    reasons = [line for reg in regressions for line in reg["unmet"]]
     warnings: list[str] = []
-    for spec in [s for s in reports.target_specs(run) if names.get(s, "").startswith("head")]:
-        twin = base + spec[len(head):]
-        ours, shared = _twin_states(run, spec, twin)
-        reasons += _bad_lines(names[spec], ours - shared)
-        warnings += _bad_lines(f"{names[spec]} and {names.get(twin, twin)} both", shared)
-    reasons += [line for reg in regressions for line in reg["unmet"]]
-    reasons += [f"{reg['id']} is back at head: {reg['head']['said']}" for reg in regressions if reg["back"]]
-    kinds = Counter(c["kind"] for c in changes)
-    failing = [k for k in diff.FAILING_KINDS if kinds[k] and not (k == "stopped running" and accept_lost_coverage)]
-    if failing and not same_kernels:
-        warnings.append(f"base and head computed kernels with different code (base: {kernels['base']}; head:"
-                        f" {kernels['head']}): {sum(kinds[k] for k in failing)} changes may be the kernels', not"
-                        " the sync's")
-    elif failing:
-        reasons += [f"{kinds[k]} cases {k_text}" for k, k_text in (
-            ("new failure", "pass at base and fail at head"), ("changed failure", "fail differently at head"),
-            ("stopped running", "ran at base and not at head (lost coverage; --accept-lost-coverage to accept)"))
-            if k in failing]
     problems = {(names.get(p["target"], p["target"]), p["problem"].replace(p["target"], "the tree"))
                 for p in run.get("target_problems") or []}
     for side, text in sorted(problems):
@@ -199,47 +238,75 @@ def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[d
             at_base = lost.get(("base" + side[4:], rid))
             (warnings if at_base else reasons).append(f"{rid} could not be judged on {side}: {why}"
                                                       + (" (nor at base)" if at_base else ""))
-    for reg in regressions:
-        if reg["head"]["symptom"] and not reg["back"]:
-            warnings.append(f"{reg['id']}: head still has it, as base did: {reg['head']['said']}")
-    if missing := incomplete_reason(run):
-        reasons.append(missing)
+    not_judged = Counter(r.get("verdict_reason") or "" for r in run["results"]
+                         if names.get(r["target"], "").startswith("head") and r["verdict"] == "not_judged")
+    if not_judged:  # lost coverage we cannot accept: the tree holds an op we cannot name
+        why, _ = not_judged.most_common(1)[0]
+        reasons.append(f"{sum(not_judged.values())} not_judged at head: {why}")
     if upstream_tests is not None:
         upstream_reasons, upstream_warnings = upstream_diff.judged(upstream_tests["changes"])
         reasons += upstream_diff.unjudged(upstream_tests) + upstream_reasons
         warnings += upstream_warnings
-    status = "FAIL" if reasons else "PASS"
-    return {"schema": "repro.review/2", "base": base, "head": head, "labels": names, "status": status,
-            "recommendation": recommendation(status, reasons, regressions, changes, same_kernels),
-            "fail_reasons": reasons, "warnings": warnings, "regressions": regressions, "changes": changes,
-            "groups": group_changes(changes, {}), "table": regression_rows(regressions), "compared": comparison.compared, "kernels": kernels,
+    return [pr_paths(r) for r in reasons], [pr_paths(w) for w in warnings]
+
+
+def _missing(run: dict[str, Any]) -> str:
+    parts = [incomplete_reason(run) or ""]
+    if rejected := run.get("rejected"):
+        parts.append(f"{len(rejected)} records rejected (the first: {rejected[0]})")
+    return pr_paths("; ".join(p for p in parts if p))
+
+
+def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[dict[str, Any]]],
+           accept_lost_coverage: bool = False, upstream_tests: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The review as data (review.json); `assessed` holds each tree's patch assessments;
+    `upstream_tests`, upstream's own fuser tests on both (upstream_diff.section), when run."""
+    comparison = diff.compare(_only(run, base), _only(run, head), [(base, head)])
+    by_id = {(r["target"], r["case_id"]): r for r in run["results"]}
+    changes = [{**c.__dict__, "before_signature": diff.signature(by_id.get((base, c.case_id))),
+                "after_signature": diff.signature(by_id.get((head, c.case_id)))} for c in comparison.changes]
+    names = labels(run, base, head)
+    patches = patch_states(assessed, base, head)
+    regressions = []
+    for info in run["regressions"]:
+        rid = info["id"]
+        states = {side: target_state(run, spec, rid) for side, spec in (("base", base), ("head", head))}
+        patched = {f"{spec}+{a['patch']}": target_state(run, f"{spec}+{a['patch']}", rid)
+                   for spec in (base, head) for a in assessed.get(spec, [])
+                   if rid in a["fixes"] and f"{spec}+{a['patch']}" in reports.target_specs(run)}
+        regressions.append({"id": rid, "title": info.get("title", ""), "upstream": info.get("upstream", ""),
+                            "first_fixed": info.get("first_fixed"), **states, "patched": patched,
+                            "patches": {side: [a for a in assessed.get(spec, []) if rid in a["fixes"]]
+                                        for side, spec in (("base", base), ("head", head))},
+                            "unmet": unmet(run, rid)})
+    reg_states = {r["id"]: RegressionState(r["id"], r["base"]["state"], r["head"]["state"], r["head"]["symptom"],
+                                           r["head"]["affected"]) for r in regressions}
+    for reg in regressions:
+        reg["advice"] = [dict(zip(("action", "text"), table.patch_advice(p, reg_states[reg["id"]]), strict=True),
+                              patch=p.patch) for p in patches if p.regression == reg["id"]]
+    groups, failing = classify(run, base, head)
+    other, warnings = _other_reasons(run, names, regressions, upstream_tests)
+    state = ReviewState(
+        base=side_state(run, base), head=side_state(run, head), regressions=tuple(reg_states.values()),
+        patches=tuple(patches), missing=_missing(run), other=tuple(other), accept_lost_coverage=accept_lost_coverage,
+        signatures=tuple(SignatureGroup(g["change"], g["signature"], g["count"], g["regression"], g["provider"])
+                         for g in groups))
+    decided = table.decide(state)
+    warnings += [f"{reg['id']}: head still has it, as base did: {reg['head']['said']}" for reg in regressions
+                 if reg["head"]["state"] == table.REPRODUCES and reg["base"]["state"] == table.REPRODUCES]
+    return {"schema": "repro.review/3", "base": base, "head": head, "labels": names, **decision_fields(decided),
+            "warnings": warnings, "state": asdict(state), "regressions": regressions, "changes": changes,
+            "groups": groups, "failing": failing, "table": regression_rows(regressions),
+            "compared": comparison.compared, "kernels": {"base": _kernels(run, base), "head": _kernels(run, head)},
             "trees": {side: _tree(run, spec) for side, spec in (("base", base), ("head", head))},
             **({"upstream_tests": upstream_tests} if upstream_tests is not None else {})}
 
 
-def recommendation(status: str, reasons: list[str], regressions: list[dict[str, Any]],
-                   changes: list[dict[str, Any]], same_kernels: bool = True) -> str:
-    """One line: merge, do not merge, or needs a look; the reason and the next step."""
-    if status == "PASS":
-        drops = [f"patches/{p}.patch" for reg in regressions for p in reg["drop_backport"]]
-        still = [f"{reg['id']} is still there, as at base" + (f": {reg['advice'][0]}" if reg["advice"] else "")
-                 for reg in regressions if reg["head"]["symptom"]]
-        return "; ".join(["Merge: no regression at head", *still]
-                         + ([f"drop {', '.join(drops)}: upstream's fix is present"] if drops else []))
-    for reg in regressions:
-        if reg["back"]:
-            step = next((a for a in reg["advice"] if a.startswith("re-apply")), None) or \
-                (reg["advice"][0] if reg["advice"] else "no patch of ours fixes it: fix it before merging")
-            return (f"Do not merge: {reg['id']} is back at head (its symptom on {reg['head']['symptom']} of"
-                    f" {reg['head']['affected']} affected cases); {step.split(' (with it')[0]}")
-    new = sum(c["kind"] == "new failure" for c in changes)
-    if new and not same_kernels:
-        return (f"Needs a look: base and head ran different kernel code, so the {len(changes)} changed cases may be"
-                " the kernels', not the sync's; review both on one kernel provider")
-    if new:
-        return (f"Do not merge: {new} cases pass at base and fail at head; see the changes below"
-                " (repro bisect names the commit)")
-    return f"Needs a look: {reasons[0]}"
+def decision_fields(decided: Decision) -> dict[str, Any]:
+    """What every output reads of the decision (review.json's top level, and the run's `review`)."""
+    return {"status": decided.status, "outcome": decided.word, "rule": decided.rule, "headline": decided.headline,
+            "recommendation": decided.headline, "fail_reasons": list(decided.reasons), "standing": decided.standing,
+            "exit_code": decided.exit_code}
 
 
 def _tree(run: dict[str, Any], spec: str) -> dict[str, Any]:
@@ -263,26 +330,17 @@ def state_cell(state: dict[str, Any]) -> str:
     return text + (" ⚠" if state["bad"] else "")
 
 
-def patch_action(advice: str) -> str:
-    """The patch action in a few words, for the table (the whole advice is listed below it)."""
-    for words, short in (("drop the backport", "drop"), ("re-apply", "re-apply"), ("conflicts", "conflicts"),
-                         ("no backport needed", "not needed"), ("keep the backport", "keep"),
-                         ("still needed and applies", "apply"), ("check by hand", "check by hand")):
-        if words in advice:
-            return short
-    return "see below"
-
-
 def regression_rows(regressions: list[dict[str, Any]]) -> list[list[str]]:
     """One row per regression: id, base, head, the action for each patch at head (text, unescaped)."""
     rows = []
     for reg in regressions:
-        patches = [a["patch"] for a in reg["patches"]["head"]]
-        actions = ", ".join(f"{p}: {patch_action(a)}" for p, a in zip(patches, reg["advice"], strict=True)) or "-"
+        actions = ", ".join(f"{a['patch']}: {a['action']}" for a in reg["advice"]) or "-"
         rows.append([reg["id"], state_cell(reg["base"]), state_cell(reg["head"]), actions])
     return rows
 
 
 def verdict_of(found: dict[str, Any]) -> dict[str, Any]:
-    """What the run's own reports carry of the review: its status, reasons, recommendation and table."""
-    return {key: found[key] for key in ("status", "recommendation", "fail_reasons", "warnings", "labels", "table")}
+    """What the run's own reports carry of the review: its decision, reasons, table and the cases it counts failing."""
+    keys = ("status", "outcome", "rule", "headline", "recommendation", "fail_reasons", "standing", "exit_code",
+            "warnings", "labels", "table", "failing")
+    return {key: found[key] for key in keys}

@@ -95,7 +95,7 @@ def cmd_review(args: argparse.Namespace) -> int:
         for line in github_annotations(found, run):
             print(line)
     print(terminal_line(found, str(out_dir / "review.md")))
-    return 0 if found["status"] == "PASS" else 1
+    return int(found["exit_code"])  # the decision's, as every output says it
 
 
 def _upstream_tests(args: argparse.Namespace) -> dict[str, Any]:

@@ -146,7 +146,8 @@ def test_review_of_the_sync_says_drop_the_backport(fork: Fork, tmp_path: Path) -
     found = json.loads((out / "review.json").read_text())
     (issue22,) = found["regressions"]
     assert issue22["base"]["role"] == "patched" and issue22["head"]["role"] == "fixed_upstream"
-    assert issue22["drop_backport"] == ["backport"] and "drop the backport" in text
+    assert [(a["patch"], a["action"]) for a in issue22["advice"]] == [("backport", "drop")]
+    assert "drop backport: upstream's fix is present at head" in text
     assert [a["text"] for a in issue22["patches"]["head"]] == ["stale"]
     assert found["changes"] == [] and "no regression at head" in text
     assert f"git {fork.fork_base[:12]} (fork~1), clean" in text and f"git {fork.synced[:12]} (fork), clean" in text
@@ -184,7 +185,7 @@ def test_review_lists_exactly_the_cases_one_edited_op_changes(tmp_path: Path) ->
         ("TestBasicOps::test_identity", "passed", "failed")]
     assert upstream["changes"][0]["why"].startswith("tolerance: values beyond upstream's tolerance")
     broken = f"TestBasicOps::test_identity: {upstream['changes'][0]['why']}"
-    assert "10 cases pass at base and fail at head" in found["fail_reasons"]
+    assert any(r.startswith("10 new failures in ") for r in found["fail_reasons"]), found["fail_reasons"]
     assert found["fail_reasons"][-1] == f"1 of upstream's fuser tests fail at head and did not at base (e.g. {broken})"
     review_md = (out / "review.md").read_text()
     assert "## Upstream's fuser tests (tests/pytorch/test_fusible_ops.py), base → head" in review_md
@@ -330,18 +331,18 @@ def test_a_sync_that_lost_the_fix_fails_in_every_report(lost_fix_review: tuple[P
     out, result = lost_fix_review
     assert result.returncode == 1, result.stdout + result.stderr
     first = (out / "review.md").read_text().splitlines()[0]
-    assert first.startswith("# ❌ FAIL — Do not merge: issue22 is back at head") and \
+    assert first.startswith("# ❌ Do not merge: issue22 is back at head") and \
         first.endswith("re-apply patches/backport.patch: it applies"), first
-    assert "❌ FAIL — review: Do not merge: issue22 is back at head" in (out / "report.md").read_text()
+    assert "Review: ❌ Do not merge: issue22 is back at head" in (out / "report.md").read_text()
     html = (out / "report.html").read_text()
     assert 'class="status-fail"' in html and 'id="recommendation"' in html and "Do not merge" in html
     verdict = ET.parse(out / "junit.xml").getroot().find(".//testcase[@classname='repro_verdict']")
-    assert verdict.get("name") == "review" and verdict.find("failure").get("message").startswith("FAIL: Do not merge")
+    assert verdict.get("name") == "review" and verdict.find("failure").get("message").startswith("FAIL: ❌ Do not merge")
     assert "Do not merge: issue22 is back at head" in (out.parent / "step-summary.md").read_text()
     run = json.loads((out / "run.json").read_text())
     assert run["summary"]["status"] == "FAIL" and run["review"]["status"] == "FAIL"
     last = result.stdout.rstrip("\n").splitlines()[-1]
-    assert last.startswith("review FAIL: Do not merge") and len(last) <= 200, last
+    assert last.startswith("review FAIL: ❌ Do not merge") and len(last) <= 200, last
     assert "::error file=transformer_engine/pytorch/ops/fuser.py,line=" in result.stdout
 
 
@@ -388,9 +389,8 @@ def test_a_review_across_kernel_providers_says_so(tmp_path: Path, cache: Path) -
     found = json.loads((out / "review.json").read_text())
     assert found["kernels"]["base"].startswith("the harness's CPU stand-ins")
     assert found["kernels"]["head"].startswith("the tree's own Python module transformer_engine_torch")
-    assert any("different code" in w for w in found["warnings"])
-    assert not any("pass at base and fail at head" in r for r in found["fail_reasons"])
-    assert found["recommendation"].startswith("Needs a look: base and head ran different kernel code")
+    assert found["rule"] == "kernels_differ" and "computed kernels with different code" in found["headline"]
+    assert found["headline"].startswith("❌ Needs a look: ")
 
 
 def test_a_review_against_a_renamed_op_says_what_stopped_running(tmp_path: Path, cache: Path) -> None:
@@ -403,15 +403,15 @@ def test_a_review_against_a_renamed_op_says_what_stopped_running(tmp_path: Path,
     result = repro("review", "--base", f"path:{base}", "--head", f"path:{head}", *NARROW, "--out", str(out),
                    check_rc=1)
     found = json.loads((out / "review.json").read_text())
-    stopped = [g for g in found["groups"] if g["kind"] == "stopped running"]
-    assert stopped and all(g["head"] == "not run" for g in stopped)
-    assert any("ran at base and not at head (lost coverage" in r for r in found["fail_reasons"])
-    assert not any(g["kind"] == "newly fixed" for g in found["groups"])  # lost cases are never "fixed"
+    stopped = [g for g in found["groups"] if g["change"] == "stopped running"]
+    assert stopped and all(g["signature"].endswith(("→ not run", "→ not_judged")) for g in stopped)
+    assert any("cases no longer run" in r for r in found["fail_reasons"]), found["fail_reasons"]
+    assert not any(g["change"] == "fixed" for g in found["groups"])  # lost cases are never "fixed"
     assert "stopped running" in (out / "review.md").read_text() and "review FAIL" in result.stdout
     accepted = repro("review", "--base", f"path:{base}", "--head", f"path:{head}", *NARROW, "--out",
                      str(tmp_path / "accepted"), "--accept-lost-coverage", check_rc=1)  # not_judged still fails
     again = json.loads((tmp_path / "accepted" / "review.json").read_text())
-    assert not any("lost coverage" in r for r in again["fail_reasons"]) and "not_judged" in accepted.stdout + \
+    assert not any("no longer run" in r for r in again["fail_reasons"]) and "not_judged" in accepted.stdout + \
         " ".join(again["fail_reasons"])
 
 

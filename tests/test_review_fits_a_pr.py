@@ -47,7 +47,7 @@ def test_a_review_of_120_changes_is_short() -> None:
     assert sum(g["count"] for g in found["groups"]) == 120 and len(found["groups"]) == 3
     text = render_review(found, {"report.html": "report.html"})
     assert len(text.splitlines()) < 150, len(text.splitlines())
-    assert found["status"] == "FAIL" and text.startswith("# ❌ FAIL — Do not merge: 120 cases pass at base")
+    assert found["status"] == "FAIL" and text.startswith("# ❌ Needs a look: 120 new failures in 3 signatures")
 
 
 def _github_page(markdown: str, css: str) -> str:
