@@ -216,9 +216,10 @@ def classify(run: dict[str, Any], base: str, head: str) -> tuple[list[dict[str, 
             else:
                 continue
             groups.setdefault((change, record["regression"], key, where), []).append(case_id)
+    ordered = sorted(groups.items(), key=lambda item: (table.CHANGES.index(item[0][0]), bool(item[0][3]),
+                                                       -len(item[1])))
     found = [{"change": change, "regression": rid, "signature": key, "provider": where, "count": len(ids),
-              "examples": ids[:EXAMPLES]} for (change, rid, key, where), ids in groups.items()]
-    found.sort(key=lambda g: (table.CHANGES.index(g["change"]), bool(g["provider"]), -int(g["count"])))
+              "examples": ids[:EXAMPLES]} for (change, rid, key, where), ids in ordered]
     return found, failing
 
 
