@@ -93,7 +93,10 @@ def offers(run: dict[str, Any], base: str, head: str) -> list[dict[str, Any]]:
         before, after = at_base[record["case_id"]], bisect.signature(record)
         if before is not None and after is not None and before != after:
             groups[(before, after)].append(record["case_id"])
-    sides = upstream_sides(base, head) if groups else []
+    try:
+        sides = upstream_sides(base, head) if groups else []
+    except UsageError:  # history git cannot read (a shallow clone): the plain offer, never a failed review
+        sides = []
     found = []
     for (before, after), cases in sorted(groups.items(), key=lambda item: -len(item[1])):
         if not sides:
