@@ -316,3 +316,106 @@ def test_history_reads_the_range_and_the_release_tags(chain: tuple[Path, dict[st
     info = history.commit_info(repo, c["moved"])
     assert info.parent == c["head"] and info.pr == 3002 and info.pr_link is None
     assert info.files == [str(FUSER.parent / "_grad.py"), str(FUSER)]
+
+
+# ---- a fork that syncs by merging an upstream tag ----
+
+@pytest.fixture(scope="module")
+def synced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """Upstream: te-2.13.0's tree tagged v2.15, a docs commit, the fix (#2919), release notes
+    tagged v2.16. The fork: v2.15 plus a commit of its own (the base), the merge of v2.16, a
+    follow-up (the head), then a branch started from the head and merged back."""
+    cache = sources.cache_dir()
+    old = Path(targets.prepare("te-2.13.0", cache).root)
+    new = Path(targets.prepare("te-2.16.0", cache).root)
+    repo = tmp_path_factory.mktemp("bisect-merge") / "fork"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "upstream")
+    shutil.copytree(old / "transformer_engine", repo / "transformer_engine",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    (repo / "build_tools").mkdir()
+    _write(repo, "build_tools/VERSION.txt", "2.16.0.dev0\n")
+    c = {"u0": _commit(repo, "upstream before #2919")}
+    git(repo, "tag", "v2.15")
+    _write(repo, "NOTES.md", "docs\n")
+    c["docs"] = _commit(repo, "docs (#2900)")
+    for relpath in (FUSER, QUANTIZED_TENSOR):
+        shutil.copy(new / relpath, repo / relpath)
+    c["fix"] = _commit(repo, "guard fuser grad checks on non-leaf nodes (#2919)")
+    _write(repo, "NOTES.md", "release notes\n")
+    c["tag"] = _commit(repo, "release notes for 2.16")
+    git(repo, "tag", "v2.16")
+    git(repo, "checkout", "-q", "-b", "fork", c["u0"])
+    _write(repo, "FORK.md", "our fork\n")
+    c["base"] = _commit(repo, "fork: our notes")
+    git(repo, "merge", "-q", "--no-ff", "--no-edit", "-m", "Merge tag 'v2.16' into fork", "v2.16")
+    c["merge"] = git(repo, "rev-parse", "HEAD")
+    assert git(repo, "rev-parse", "HEAD^2") == c["tag"]
+    _write(repo, "FORK.md", "our fork, synced\n")
+    c["head"] = _commit(repo, "fork: after the sync")
+    git(repo, "checkout", "-q", "-b", "feature")
+    _write(repo, "FEATURE.md", "a feature\n")
+    c["feature"] = _commit(repo, "fork: a feature")
+    git(repo, "checkout", "-q", "fork")
+    git(repo, "merge", "-q", "--no-ff", "--no-edit", "-m", "Merge branch 'feature'", "feature")
+    c["pr_merge"] = git(repo, "rev-parse", "HEAD")
+    return repo, c
+
+
+def _review_run(base: str, head: str) -> dict[str, Any]:
+    return {"results": [{"case_id": CASE, "target": base, **BUG}, {"case_id": CASE, "target": head, **PASS}]}
+
+
+def test_review_offers_both_sides_of_a_merged_upstream_tag(synced: tuple[Path, dict[str, str]]) -> None:
+    """A head that merged an upstream tag: the upstream side first (merge base -> the merged tag,
+    where the fix is), then the fork side along its first-parent line. The plain base..head
+    bisect never reaches the upstream commits (they are not descendants of the base)."""
+    from repro import review_bisect
+
+    repo, c = synced
+    assert c["fix"] not in history.commits_between(repo, c["base"], c["head"])  # why one bisect cannot answer
+    base = f"path:{repo}@{c['base']}"
+    upstream = ["--good", f"path:{repo}@v2.15", "--bad", f"path:{repo}@v2.16", "--case", CASE]
+    for head_commit in ("merge", "head", "pr_merge"):  # the merge itself, a follow-up, a later merge of a branch
+        head = f"path:{repo}@{c[head_commit]}"
+        found = review_bisect.offers(_review_run(base, head), base, head)
+        assert [(o["side"], o["argv"]) for o in found] == [
+            ("upstream", upstream), ("fork", ["--good", base, "--bad", head, "--first-parent", "--case", CASE])]
+        assert found[0]["command"] == "repro bisect " + " ".join(upstream)
+        assert f"merge {c['merge'][:12]} (Merge tag 'v2.16' into fork)" in found[0]["what"]
+        assert "v2.15..v2.16, 3 commits the base lacks" in found[0]["what"]
+    text = review_bisect.render_offers(found)
+    assert text.count("1 case: `crash") == 1 and "\n  - upstream side (what merge" in text
+    assert "\n  - fork side (the fork's first-parent line" in text
+    # Synced already at base, or a branch started from the base: one plain offer, as before.
+    for base_commit, head_commit in (("merge", "pr_merge"), ("head", "pr_merge")):
+        base, head = f"path:{repo}@{c[base_commit]}", f"path:{repo}@{c[head_commit]}"
+        (found_plain,) = review_bisect.offers(_review_run(base, head), base, head)
+        assert found_plain["side"] == "" and found_plain["argv"] == ["--good", base, "--bad", head, "--case", CASE]
+    # No tag at the ends: 12-hex ids.
+    git(repo, "tag", "-d", "v2.15")
+    try:
+        base, head = f"path:{repo}@{c['base']}", f"path:{repo}@{c['head']}"
+        found = review_bisect.offers(_review_run(base, head), base, head)
+        assert found[0]["argv"][:4] == ["--good", f"path:{repo}@{c['u0'][:12]}", "--bad", f"path:{repo}@v2.16"]
+    finally:
+        git(repo, "tag", "v2.15", c["u0"])
+
+
+def test_review_bisect_runs_the_upstream_side_first_and_names_the_fix(
+        synced: tuple[Path, dict[str, str]], tmp_path: Path) -> None:
+    """`repro review --bisect` on a sync: the first bisect it runs is the upstream side, and it
+    names upstream's fix; the fork side names the merge."""
+    from repro import review_bisect
+
+    repo, c = synced
+    base, head = f"path:{repo}@{c['base']}", f"path:{repo}@{c['head']}"
+    args = argparse.Namespace(base=base, head=head, bisect=True, cache_dir=None, offline=False)
+    upstream, fork = review_bisect.offers_for(_review_run(base, head), args, tmp_path)
+    assert upstream["side"] == "upstream" and upstream["answer"]["out"] == str(tmp_path / "bisect-1")
+    assert upstream["answer"]["status"] == "found" and upstream["answer"]["commit"]["commit"] == c["fix"]
+    assert upstream["answer"]["commit"]["pr"] == 2919
+    assert fork["side"] == "fork" and fork["answer"]["commit"]["commit"] == c["merge"]
+    text = review_bisect.render_offers([upstream, fork])
+    assert f"\n    - first changed at `{c['fix'][:12]}` guard fuser grad checks on non-leaf nodes (\\#2919)\n" in text
+    assert f"\n    - first changed at `{c['merge'][:12]}` Merge tag" in text

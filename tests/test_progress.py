@@ -36,27 +36,53 @@ def run() -> dict[str, Any]:
     return json.loads((FIXTURE / "run.json").read_text())
 
 
-def test_off_a_terminal_one_line_per_interval() -> None:
+LONG = "path:/home/someone/work/a-vendor-fork-of-transformer-engine@HEAD~1"  # a spec as users write them
+VERDICTS = {"reproduced": 120, "fixed": 70, "unaffected": 400, "known_bug": 9, "not_applicable": 31,
+            "regression": 3, "other_failure": 2, "harness_error": 7}
+
+
+def test_off_a_terminal_one_short_line_per_30_s() -> None:
+    """A CI log gets one line for the whole run at most every 30 s (done/total, percentage,
+    elapsed, ETA, what needs a look), never one per target, and a last one at the end."""
     out, clock = io.StringIO(), FakeClock()
-    progress = Progress({"te-2.13.0": 10, "te-2.16.0": 10}, tty=False, stream=out, interval_s=5, clock=clock)
+    progress = Progress({LONG: 2416, f"{LONG}+backport": 2416}, tty=False, stream=out, clock=clock)
     assert out.getvalue() == ""  # nothing while the targets are prepared: a refusal there is the only line
-    progress.update("te-2.13.0", 0, {})
+    progress.update(LONG, 0, {})
     assert out.getvalue().startswith("starting the target sessions")
     clock.now += 6
-    progress.update("te-2.13.0", 0, {})
+    progress.update(LONG, 0, {})
     assert len(out.getvalue().splitlines()) == 1  # nothing before the first result
-    progress.update("te-2.13.0", 3, {"reproduced": 2, "unaffected": 1})
-    for _ in range(20):  # many updates within one interval: no new line
-        clock.now += 0.1
-        progress.update("te-2.16.0", 1, {"fixed": 1})
-    lines = out.getvalue().splitlines()
-    assert lines[1:] == ["[6s] te-2.13.0 3/10 (2 reproduced, 1 unaffected); te-2.16.0 0/10 (no result yet)"]
-    clock.now += 5
-    progress.update("te-2.16.0", 10, {"fixed": 4, "regression": 1})
+    progress.update(LONG, 100, {"reproduced": 100})
+    for step in range(1, 60):  # an update every 5 s for 295 s: a line every 30 s
+        clock.now += 5
+        progress.update(LONG, 100 + 10 * step, {**VERDICTS, "reproduced": 100 + 10 * step - 642})
+    lines = out.getvalue().splitlines()[1:]
+    assert len(lines) == 1 + 295 // 30
+    assert lines[0] == "[6s] 100/4832 results (2%), ETA ?, 0 need a look"
+    assert lines[1] == "[36s] 160/4832 results (3%), ETA 38m56s, 12 need a look"  # 60 results in 30 s
+    assert all(len(line) <= 120 for line in lines)
+    clock.now += 1
+    progress.update(f"{LONG}+backport", 2416, {"fixed": 2415, "regression": 1})
     progress.close()
-    lines = out.getvalue().splitlines()
-    assert len(lines) == 4
-    assert lines[-1] == "[13s] te-2.13.0 3/10 (2 reproduced, 1 unaffected); te-2.16.0 10/10 (4 fixed, 1 regression)"
+    final = out.getvalue().splitlines()[-1]
+    assert final == "[5m02s] 3106/4832 results (64%), 13 need a look"  # 302 s; no ETA at the end
+    assert len(out.getvalue().splitlines()) == 2 + len(lines)  # the last line, besides the throttled ones
+
+
+def test_on_a_terminal_at_80_columns_done_total_and_eta_stay(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verdict counters are cut first; the name, done/total, elapsed and ETA stay."""
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("COLUMNS", "80")
+    out = Terminal()
+    progress = Progress({LONG: 2416, "te-2.13.0": 12}, tty=True, stream=out)
+    progress.update(LONG, 600, VERDICTS)
+    progress.update("te-2.13.0", 12, {"fixed": 4, "unaffected": 8})
+    progress.close()
+    final = [line.rstrip() for line in ANSI.sub("", out.getvalue()).splitlines() if line.strip()][-2:]
+    assert all(len(line) <= 80 for line in final), final
+    # what needs a look comes first among the counters, so it is the last to be cut
+    assert re.search(r"^….*HEAD~1 ━+ +600/2416 \d:\d\d ETA [-:\d]+ 2 other_failure, 3 r.*…$", final[0]), final
+    assert re.search(r"^te-2\.13\.0 +━+ +12/12 +\d:\d\d ETA 0:00 4 fixed, 8 unaffected$", final[1]), final
 
 
 def test_on_a_terminal_one_live_line_per_target(monkeypatch: pytest.MonkeyPatch) -> None:

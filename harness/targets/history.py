@@ -1,5 +1,6 @@
 """Reading a TE checkout's history for `repro bisect`: the commits between two revisions,
-their merge base, a commit's subject, pull request and files, and the tag of a release.
+their merge base, a commit's subject, pull request and files, the tag of a release, and the
+merges on a first-parent line that brought in another history (a fork's upstream sync).
 Read only, through the same git calls as `path:DIR@REV` (`revisions.git`): nothing here
 checks out, refreshes the index or runs the repository's hooks, filters or diff drivers."""
 
@@ -55,6 +56,58 @@ def tag_for_version(directory: Path, version: str) -> str:
             return tag
     raise UsageError(f"release {version}: {directory} has no tag {' or '.join(t for t in tried if t)}"
                      " (give path:DIR@REV instead)")
+
+
+# A tag usable inside a spec (path:DIR@TAG): no `@` (the spec's separator) and no `+` (a patch).
+SPEC_SAFE_TAG = re.compile(r"[A-Za-z0-9._/-]+")
+
+
+def readable(directory: Path, commit: str) -> str:
+    """A name for `commit` in an offered command: a tag pointing at it, else its 12-hex id."""
+    listed = revisions.git(directory, "for-each-ref", f"--points-at={commit}", "--format=%(refname:short)",
+                           "refs/tags")
+    tags = sorted(t for t in listed.stdout.split() if SPEC_SAFE_TAG.fullmatch(t)) if listed.returncode == 0 else []
+    for name in [*tags, commit[:12]]:
+        # a tag could also name a branch, and a short id could grow ambiguous: keep only a name that resolves back
+        done = revisions.git(directory, "rev-parse", "--verify", "--quiet", f"{name}^{{commit}}")
+        if done.returncode == 0 and done.stdout.strip() == commit:
+            return name
+    return commit
+
+
+@dataclass(frozen=True)
+class Merge:
+    """A merge on head's first-parent line whose other parent brought commits that are not the base's
+    descendants (another history: an upstream the fork syncs with)."""
+
+    commit: str
+    subject: str
+    merged: str  # the parent it merged: the tip of the history it brought in (an upstream tag)
+    merge_base: str  # of the base and `merged`: the last commit of that history the base already had
+    brought: int  # commits of that history the base did not have
+
+
+def merges_since(directory: Path, base: str, head: str) -> list[Merge]:
+    """The merges on head's first-parent line after `base` that brought in commits a bisect of
+    base..head cannot reach (not descendants of base: an upstream tag's history), the largest
+    first. A merged side contained in another's is left out: bisecting the larger one walks it."""
+    found: list[Merge] = []
+    for line in _out(directory, "rev-list", "--first-parent", "--parents", f"{base}..{head}").splitlines():
+        commit, first, *others = line.split()
+        for merged in others:
+            if is_ancestor(directory, merged, base) or is_ancestor(directory, merged, first):
+                continue  # nothing new: the base, or this line before the merge, had it already
+            if is_ancestor(directory, base, merged):
+                continue  # a branch started from base: `--ancestry-path base..head` walks its commits already
+            done = revisions.git(directory, "merge-base", base, merged)
+            if done.returncode != 0:
+                continue  # unrelated histories: no commit to start a bisect from
+            brought = int(_out(directory, "rev-list", "--count", f"{base}..{merged}"))
+            subject = _out(directory, "log", "-1", "--no-show-signature", "--format=%s", commit)
+            found.append(Merge(commit, subject, merged, done.stdout.strip(), brought))
+    kept = [m for m in found if not any(o.merged != m.merged and is_ancestor(directory, m.merged, o.merged)
+                                        for o in found)]
+    return sorted(kept, key=lambda m: -m.brought)  # stable: the newest first among equals
 
 
 @dataclass(frozen=True)
