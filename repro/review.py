@@ -47,11 +47,14 @@ def labels(run: dict[str, Any], base: str, head: str) -> dict[str, str]:
     return found
 
 
-def target_state(run: dict[str, Any], spec: str, regression: str) -> dict[str, Any]:
+def target_state(run: dict[str, Any], spec: str, regression: str,
+                 kernels_own: frozenset[tuple[str, str]] = frozenset()) -> dict[str, Any]:
     """A target's role (and why) for a regression, and what its cases did, counted by verdict:
-    "reproduces" counts only the predicted symptom; `state` is the decision table's word for it."""
+    "reproduces" counts only the predicted symptom; `state` is the decision table's word for it.
+    `kernels_own`: (target, case) failures raised in a fork's own kernel module, counted apart."""
     target = reports.target_info(run, spec)
-    records = [r for r in run["results"] if r["target"] == spec and r["regression"] == regression]
+    mine = [r for r in run["results"] if r["target"] == spec and r["regression"] == regression]
+    records = [r for r in mine if (spec, r["case_id"]) not in kernels_own]
     judged = [r for r in records if r["verdict"] in JUDGED]
     affected = [r for r in judged if r["expected"] == "affected"]
     verdicts = Counter(r["verdict"] for r in affected)
@@ -73,6 +76,8 @@ def target_state(run: dict[str, Any], spec: str, regression: str) -> dict[str, A
         said += "; " + ", ".join(f"{n} show {rid}'s symptom" for rid, n in known.items())
     if bad:
         said += "; needs a look: " + ", ".join(f"{n} {v}" for v, n in sorted(bad.items()))
+    if len(mine) > len(records):
+        said += f"; {len(mine) - len(records)} failed in the fork's own kernels, not counted"
     if role == "predates":
         state = table.PREDATES
     elif symptom:
@@ -160,11 +165,13 @@ def _pairs(run: dict[str, Any], base: str, head: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _key(record: dict[str, Any]) -> str:
-    """A failure's signature with its verdict; a harness error's is its cause (it has no TE frame)."""
+def _key(record: dict[str, Any], with_message: bool = False) -> str:
+    """A failure's signature with its verdict; a harness error's is its cause (it has no TE frame).
+    `with_message`: the message's start too (a fork's kernel module says there which kernel failed)."""
     if record["verdict"] == "harness_error":
         return f"harness_error: {_short_cause(record.get('note') or record.get('verdict_reason') or '')[:100]}"
-    return f"{record['verdict']}: {diff.signature(record)}"
+    message = " ".join(((record.get("error") or {}).get("message") or "").split())[:120]
+    return f"{record['verdict']}: {diff.signature(record)}" + (f": {message}" if with_message and message else "")
 
 
 def _raised_in(record: dict[str, Any], module_file: str) -> bool:
@@ -177,16 +184,24 @@ def _raised_in(record: dict[str, Any], module_file: str) -> bool:
     return where == module_file or (own_package and where.startswith(package + "/"))
 
 
-def classify(run: dict[str, Any], base: str, head: str) -> tuple[list[dict[str, Any]], list[list[str]]]:
+def _short_module(module_file: str) -> str:
+    """A fork's kernel module as its folder inside the package ("plugin/core/"), as the first line names it."""
+    return module_file.removeprefix("transformer_engine/").rpartition("/")[0] + "/" if "/" in module_file else module_file
+
+
+def classify(run: dict[str, Any], base: str,
+             head: str) -> tuple[list[dict[str, Any]], list[list[str]], frozenset[tuple[str, str]]]:
     """The failure signatures grouped by how the sync changed them, with examples, and the (target,
     case) pairs the review counts as failing: new and changed failures at head not raised in a
-    fork's kernel module. A head failure whose case did not run at base is standing when base
-    fails with the same signature elsewhere (the same bug reaching a pipeline new to head)."""
+    fork's kernel module; and those (target, case) raised in a fork's kernel module. A head failure
+    whose case did not run at base is standing when base fails with the same signature elsewhere
+    (the same bug reaching a pipeline new to head)."""
     by_target: dict[str, dict[str, dict[str, Any]]] = {}
     for record in run["results"]:
         by_target.setdefault(record["target"], {})[record["case_id"]] = record
     groups: dict[tuple[str, str, str, str], list[str]] = {}
     failing: list[list[str]] = []
+    kernels_own: set[tuple[str, str]] = set()
     for base_spec, head_spec in _pairs(run, base, head):
         before, after = by_target.get(base_spec, {}), by_target.get(head_spec, {})
         base_failures = {_key(r) for r in before.values() if r["verdict"] in BAD}
@@ -205,14 +220,19 @@ def classify(run: dict[str, Any], base: str, head: str) -> tuple[list[dict[str, 
                     change = table.STANDING if key in base_failures else table.NEW
                 else:
                     change = table.CHANGED if twin["verdict"] in BAD else table.NEW
-                where = provider(_kernels(run, head_spec)) if _raised_in(record, module[head_spec]) else ""
-                if change in (table.NEW, table.CHANGED) and not where:
+                where = _short_module(module[head_spec]) if _raised_in(record, module[head_spec]) else ""
+                if where:
+                    kernels_own.add((head_spec, case_id))
+                    key = _key(record, with_message=True)
+                elif change in (table.NEW, table.CHANGED):
                     failing.append([head_spec, case_id])
             elif twin is not None and diff.ran(twin) and not diff.ran(record):
                 change, key, where = table.STOPPED, f"{twin['verdict']} → not run", ""
             elif twin is not None and twin["verdict"] in BAD and diff.ran(record):
                 change, key = table.FIXED_BY_SYNC, _key(twin)
-                where = provider(_kernels(run, base_spec)) if _raised_in(twin, module[base_spec]) else ""
+                where = _short_module(module[base_spec]) if _raised_in(twin, module[base_spec]) else ""
+                if where:
+                    kernels_own.add((base_spec, case_id))
             else:
                 continue
             groups.setdefault((change, record["regression"], key, where), []).append(case_id)
@@ -220,7 +240,7 @@ def classify(run: dict[str, Any], base: str, head: str) -> tuple[list[dict[str, 
                                                        -len(item[1])))
     found = [{"change": change, "regression": rid, "signature": key, "provider": where, "count": len(ids),
               "examples": ids[:EXAMPLES]} for (change, rid, key, where), ids in ordered]
-    return found, failing
+    return found, failing, frozenset(kernels_own)
 
 
 def _other_reasons(run: dict[str, Any], names: dict[str, str], regressions: list[dict[str, Any]],
@@ -268,11 +288,12 @@ def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[d
                 "after_signature": diff.signature(by_id.get((head, c.case_id)))} for c in comparison.changes]
     names = labels(run, base, head)
     patches = patch_states(assessed, base, head)
+    groups, failing, kernels_own = classify(run, base, head)
     regressions = []
     for info in run["regressions"]:
         rid = info["id"]
-        states = {side: target_state(run, spec, rid) for side, spec in (("base", base), ("head", head))}
-        patched = {f"{spec}+{a['patch']}": target_state(run, f"{spec}+{a['patch']}", rid)
+        states = {side: target_state(run, spec, rid, kernels_own) for side, spec in (("base", base), ("head", head))}
+        patched = {f"{spec}+{a['patch']}": target_state(run, f"{spec}+{a['patch']}", rid, kernels_own)
                    for spec in (base, head) for a in assessed.get(spec, [])
                    if rid in a["fixes"] and f"{spec}+{a['patch']}" in reports.target_specs(run)}
         regressions.append({"id": rid, "title": info.get("title", ""), "upstream": info.get("upstream", ""),
@@ -285,7 +306,6 @@ def review(run: dict[str, Any], base: str, head: str, assessed: dict[str, list[d
     for reg in regressions:
         reg["advice"] = [dict(zip(("action", "text"), table.patch_advice(p, reg_states[reg["id"]]), strict=True),
                               patch=p.patch) for p in patches if p.regression == reg["id"]]
-    groups, failing = classify(run, base, head)
     other, warnings = _other_reasons(run, names, regressions, upstream_tests)
     state = ReviewState(
         base=side_state(run, base), head=side_state(run, head), regressions=tuple(reg_states.values()),

@@ -77,7 +77,7 @@ def test_the_decision_holds_its_invariants(state: ReviewState) -> None:
     if decided.status == "PASS":
         assert state.head.loads and state.base.judged and state.head.judged
         assert not fix_lost(state) and not state.missing and not state.other
-        assert not any(g.change in ("new", "changed") and not g.provider for g in state.signatures)
+        assert not any(g.change in ("new", "changed") for g in state.signatures)
         assert state.accept_lost_coverage or not any(g.change == "stopped running" and not g.provider
                                                      for g in state.signatures)
         assert not any(r.head == "reproduces" and r.base in ("fixed", "fixed_upstream", "predates")
@@ -112,16 +112,21 @@ def test_every_rule_of_the_table_decides_some_state() -> None:
                           signatures=new)
     changed = ReviewState(base=JUDGED, head=JUDGED, signatures=new)
     other = ReviewState(base=JUDGED, head=JUDGED, other=("UNMET EXPECTATION issue22 on head",))
-    provider_only = ReviewState(base=JUDGED, head=JUDGED, signatures=(
-        SignatureGroup(d.NEW, "other_failure: crash NotImplementedError", 520, "issue22", "the fork's module"),))
+    kernels_failed = ReviewState(base=JUDGED, head=JUDGED, signatures=(
+        SignatureGroup(d.NEW, "regression: crash RuntimeError at plugin/core/manager.py [completion]: no rmsnorm_bwd_add",
+                       520, "issue22", "plugin/core/"),))
+    standing_in_kernels = ReviewState(base=JUDGED, head=JUDGED, signatures=(
+        SignatureGroup(d.STANDING, "other_failure: crash NotImplementedError", 520, "issue22", "plugin/core/"),))
     by_rule = {"head_does_not_load": head_lost, "nothing_judged": NOTHING_JUDGED, "fix_lost": EVERY_PATCH_CONFLICTS,
                "bug_back": bug_back, "incomplete": missing, "kernels_differ": kernels, "changed_failures": changed,
-               "other": other, "merge": provider_only}
+               "kernels_failed": kernels_failed, "other": other, "merge": standing_in_kernels}
     assert set(by_rule) == {r.name for r in d.RULES}
     for name, state in by_rule.items():
         assert d.decide(state).rule == name, (name, d.decide(state))
     assert d.decide(bug_back).headline == "❌ Do not merge: issue22 is back at head (its symptom on 3 of 3 cases);" \
                                           " re-apply patches/backport.patch: it applies"
+    assert d.decide(kernels_failed).headline == "❌ Needs a look: 520 cases failed in head's own kernels" \
+                                                " (plugin/core/), not judged: no rmsnorm_bwd_add"
     assert d.decide(changed).headline == "❌ Needs a look: 4 new failures in 1 signature (top: regression: crash" \
                                          " RuntimeError at ops/fuser.py)"
 

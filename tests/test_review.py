@@ -433,3 +433,68 @@ def test_review_with_upstream_tests_needs_checkouts(tmp_path: Path) -> None:
         "repro: error: te-2.13.0 is not a checkout (the wheel ships no tests); give path:DIR or path:DIR@REV"], \
         result.stderr
     assert not (tmp_path / "review").exists()
+
+
+# A fork's dispatcher as TE-FL has it: a module object of a class of its own (no __file__) under
+# transformer_engine_torch, dispatching to the compiled module, and failing one kernel in its own manager.
+FORK_MANAGER = '''def call(name, impl, *args, **kwargs):
+    if impl is None:
+        raise RuntimeError(f"All 1 implementation(s) failed for op='{name}'. Last error: {name} - not implemented")
+    return impl(*args, **kwargs)
+'''
+FORK_DISPATCHER = '''import inspect
+import sys
+import types
+
+import transformer_engine_torch_nv as native
+from transformer_engine.plugin.core import manager
+
+
+class ForkModule(types.ModuleType):
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        impl = None if name == "rmsnorm_bwd" else getattr(native, name)
+        if impl is not None and not (inspect.isfunction(impl) or inspect.isbuiltin(impl)):
+            return impl
+        return lambda *args, **kwargs: manager.call(name, impl, *args, **kwargs)
+
+
+sys.modules["transformer_engine_torch"] = ForkModule("transformer_engine_torch")
+'''
+
+
+def test_failures_in_a_forks_own_kernels_are_its_own(tmp_path: Path, cache: Path) -> None:
+    """Failures raised in the fork's kernel module are grouped under it, never the sync's or the backport's:
+    the review asks for a look at what went unjudged, names the module, and counts none as a junit failure."""
+    import xml.etree.ElementTree as ET
+
+    from tests.test_renamed_extension import _renaming_fork
+
+    base = tmp_path / "base"
+    shutil.copytree(Path(_prepare("te-2.13.0").root) / "transformer_engine", base / "transformer_engine")
+    head = _renaming_fork(tmp_path / "head", cache, build_files=True)
+    core = head / "transformer_engine/plugin/core"
+    core.mkdir(parents=True)
+    for path, text in ((head / "transformer_engine/plugin/__init__.py", ""), (core / "__init__.py", ""),
+                       (core / "manager.py", FORK_MANAGER), (core / "_module_setup.py", FORK_DISPATCHER),
+                       (head / "transformer_engine/fork_front.py", "import transformer_engine.plugin.core._module_setup\n")):
+        path.write_text(text)
+    out = tmp_path / "review"
+    result = repro("review", "--base", f"path:{base}", "--head", f"path:{head}", *TWO_PIPELINES, "--out", str(out),
+                   check_rc=1)
+    found = json.loads((out / "review.json").read_text())
+    assert found["rule"] == "kernels_failed", found["fail_reasons"]
+    assert found["headline"].startswith("❌ Needs a look: ") and "head's own kernels (plugin/core/)" in found["headline"]
+    assert "(transformer_engine/plugin/core/_module_setup.py)" in found["kernels"]["head"]
+    mine = [g for g in found["groups"] if g["provider"]]
+    assert mine and all("op='rmsnorm_bwd'" in g["signature"] for g in mine)
+    assert not found["failing"]  # none is the sync's
+    issue22 = found["regressions"][0]
+    assert "failed in the fork's own kernels, not counted" in issue22["head"]["said"]
+    text = (out / "review.md").read_text()
+    assert "## Kernels not the harness's" in text and str(tmp_path) not in text
+    root = ET.parse(out / "junit.xml").getroot()
+    failed = [c for c in root.iter("testcase") if c.find("failure") is not None]
+    assert [c.get("classname") for c in failed] == ["repro_verdict"]
+    assert "review FAIL: ❌ Needs a look" in result.stdout

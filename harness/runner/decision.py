@@ -14,7 +14,8 @@ carried at base and loses at head is a certain regression whether or not a case 
 a bug that is back is one a case shows; a run missing results cannot vouch for what it lacks;
 only then do changed failures and lost coverage ask for a look. Failures that are the same at
 base and head (standing), and those raised in a fork's own kernel provider, never fail a
-review by themselves.
+review by themselves; a fork's kernels failing what base judged asks for a look (those cases
+went unjudged), never counted as the sync's regressions.
 """
 
 from __future__ import annotations
@@ -179,13 +180,17 @@ def _regression(state: ReviewState, rid: str) -> RegressionState | None:
 
 
 def _fix_lost(state: ReviewState) -> str | None:
+    lost = []
     for patch in state.patches:
         reg = _regression(state, patch.regression)
         still_buggy = reg is None or reg.head not in NOT_BUGGY
         if patch.base in CARRIED and patch.head in (CONFLICTS, STALE) and not patch.head_fix and still_buggy:
-            where = f" ({patch.where})" if patch.where else ""
-            return f"{patch_file(patch.patch)} no longer applies{where} and {patch.regression} is still upstream: port it"
-    return None
+            lost.append(patch)
+    if not lost:
+        return None
+    first, where = lost[0], f" ({lost[0].where})" if lost[0].where else ""
+    more = f"; and {', '.join(patch_file(p.patch) for p in lost[1:])}" if lost[1:] else ""
+    return f"{patch_file(first.patch)} no longer applies{where} and {first.regression} is still upstream: port it{more}"
 
 
 def _bug_back(state: ReviewState) -> str | None:
@@ -226,6 +231,17 @@ def _changed_failures(state: ReviewState) -> str | None:
     return f"{', '.join(parts)} (top: {top.signature})"
 
 
+def _kernels_failed(state: ReviewState) -> str | None:
+    """Cases a fork's own kernel module failed at head that passed or failed otherwise at base:
+    not the sync's regressions, but cases the review could not judge there."""
+    mine = [g for g in state.signatures if g.provider and g.change in (NEW, CHANGED)]
+    if not mine:
+        return None
+    top = max(mine, key=lambda g: g.cases)
+    return (f"{_plural(sum(g.cases for g in mine), 'case')} failed in head's own kernels ({top.provider}), not"
+            f" judged: {top.signature.rpartition(']: ')[2] or top.signature}")
+
+
 def _other(state: ReviewState) -> str | None:
     if not state.other:
         return None
@@ -250,9 +266,11 @@ RULES: tuple[Rule, ...] = (
          " different code", Outcome.NEEDS_A_LOOK, _kernels_differ),
     Rule("changed_failures", "a new or changed failure signature, or lost coverage (not accepted), not raised in a"
          " fork's kernel provider", Outcome.NEEDS_A_LOOK, _changed_failures),
+    Rule("kernels_failed", "cases that base judged fail at head inside a fork's own kernel module (counted apart,"
+         " never as the sync's or the backport's failures)", Outcome.NEEDS_A_LOOK, _kernels_failed),
     Rule("other", "an unmet declared expectation, a target problem at head, a regression judged at base and not at"
          " head, or upstream's tests failing anew", Outcome.NEEDS_A_LOOK, _other),
-    Rule("merge", "otherwise (standing failures and a fork's kernel provider's failures are listed, never failing)",
+    Rule("merge", "otherwise (standing failures, also a fork's kernel module's, are listed on one line, never failing)",
          Outcome.MERGE, _merge),
 )
 
@@ -280,6 +298,8 @@ def patch_advice(patch: PatchState, reg: RegressionState | None) -> tuple[str, s
         return "not needed", f"not needed: head predates {patch.regression}"
     if patch.head_fix and patch.head != APPLIES:
         return "drop", f"drop {name}: upstream's fix is present at head"
+    if head == FIXED_UPSTREAM and patch.head != APPLIES:  # a release outside the affected ones, cases passing
+        return "drop", f"drop {name}: head is fixed upstream and passes every affected case"
     if patch.head_fix:
         return "check by hand", f"{name} still applies though upstream's fix is present: check by hand, then drop it"
     if patch.head == PRESENT:

@@ -288,7 +288,9 @@ def kernel_provider(standin: types.ModuleType, standins: int, names: int) -> str
     front = sys.modules.get("transformer_engine_torch")
     if front is None or front is standin:
         return f"the harness's CPU stand-ins ({standins} kernels, of {names} names the target reads)"
-    where = getattr(front, "__file__", None) or type(front).__name__
+    # A module object of a class of its own (a dispatcher) has no __file__: its class's module has.
+    where = getattr(front, "__file__", None) or getattr(sys.modules.get(type(front).__module__), "__file__", None) \
+        or type(front).__name__
     return (f"the tree's own Python module transformer_engine_torch ({where}); the harness stands in only"
             f" {standin.__name__}")
 
