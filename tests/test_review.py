@@ -293,6 +293,21 @@ def test_bad_review_input_is_one_line(fork: Fork, tmp_path: Path, args: list[str
     assert not out.exists()
 
 
+def test_a_revision_that_predates_the_op_fuser_is_named_by_its_spec(tmp_path: Path) -> None:
+    """A fork commit from before te.ops (ROCm's merge of upstream v1.9 has no ops/): one line naming the
+    spec and the commit, not the cache's staging folder."""
+    repo = tmp_path / "old-fork"
+    (repo / "transformer_engine/pytorch").mkdir(parents=True)
+    (repo / "transformer_engine/pytorch/__init__.py").write_text("")
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "before te.ops")
+    result = repro("review", "--base", f"path:{repo}@HEAD", "--head", "te-2.16.0", "--out", str(tmp_path / "out"),
+                   check_rc=2)
+    assert result.stderr.startswith(f"repro: error: path:{repo}@HEAD: commit ") and "predates TE's op fuser" in \
+        result.stderr and ".cache" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
 def test_junit_has_an_error_testcase_for_each_result_a_finished_run_lacks() -> None:
     import xml.etree.ElementTree as ET
 
