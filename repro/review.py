@@ -115,8 +115,9 @@ def provider_file(kernels: str) -> str:
 def _short_cause(text: str) -> str:
     """A load failure as "file:line Error: message": the TE path's package prefix and the target's name cut."""
     text = re.sub(r"^(?:load error: )?target \S+: ", "", text)
-    found = re.search(r"failed at (?:transformer_engine/pytorch/)?(\S+?): (.*)$", text, re.DOTALL)
-    return pr_paths(" ".join((f"{found.group(1)} {found.group(2)}" if found else text).split()))
+    found = re.search(r"failed at (\S+?): (.*)$", text, re.DOTALL)
+    text = f"{found.group(1)} {found.group(2)}" if found else text
+    return pr_paths(" ".join(text.removeprefix("transformer_engine/pytorch/").split()))
 
 
 def side_state(run: dict[str, Any], spec: str) -> SideState:

@@ -212,3 +212,11 @@ def test_every_output_says_the_decision(drawn: tuple[dict[str, Any], dict[str, l
         if not any(r["target"] == side and r["verdict"] in ("reproduced", "fixed", "unaffected", "other_failure",
                                                              "regression") for r in run["results"]):
             assert found["status"] == "FAIL"
+
+
+def test_the_readme_shows_the_table_as_it_is() -> None:
+    from tests.conftest import REPO
+
+    text = (REPO / "README.md").read_text()
+    shown = text.split("<!-- decision-table:", 1)[1].split("\n", 1)[1].split("<!-- /decision-table -->")[0]
+    assert shown.strip() == d.rules_markdown()
