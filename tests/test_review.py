@@ -5,6 +5,7 @@ with --map, and reports that fit a pull request."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -513,3 +514,80 @@ def test_failures_in_a_forks_own_kernels_are_its_own(tmp_path: Path, cache: Path
     failed = [c for c in root.iter("testcase") if c.find("failure") is not None]
     assert [c.get("classname") for c in failed] == ["repro_verdict"]
     assert "review FAIL: ❌ Needs a look" in result.stdout
+
+
+# ---- the review's decision on real trees (harness/runner/decision.py) ----
+
+def _te_tree(root: Path, edit: Any = None) -> Path:
+    """te-2.13.0's package as a source tree, its fuser.py passed through `edit`."""
+    shutil.copytree(Path(_prepare("te-2.13.0").root) / "transformer_engine", root / "transformer_engine",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    if edit:
+        fuser = root / FUSER
+        fuser.write_text(edit(fuser.read_text()))
+    return root
+
+
+def _fails_to_import(text: str) -> str:
+    assert text.count("\nimport torch\n") == 1
+    return text.replace("\nimport torch\n", "\nimport torch\nimport transformer_engine.no_such_module\n")
+
+
+def _review(tmp_path: Path, base: Path, head: Path) -> tuple[dict[str, Any], Path, subprocess.CompletedProcess]:
+    out = tmp_path / "review"
+    result = repro("review", "--base", f"path:{base}", "--head", f"path:{head}", *EXPOSING, "--out", str(out))
+    return json.loads((out / "review.json").read_text()), out, result
+
+
+def _says_everywhere(found: dict[str, Any], out: Path, result: subprocess.CompletedProcess) -> None:
+    """The decision's first line in review.md, report.md, report.html, junit and the terminal; its exit status."""
+    import html
+    import xml.etree.ElementTree as ET
+
+    from repro.render_md import plain
+
+    assert result.returncode == found["exit_code"], result.stdout + result.stderr
+    assert (out / "review.md").read_text().splitlines()[0] == f"# {plain(found['headline'])}"
+    assert plain(found["headline"]) in (out / "report.md").read_text()
+    page = (out / "report.html").read_text()
+    assert html.escape(found["headline"], quote=False) in page and f'status-{found["status"].lower()}' in page
+    verdict = ET.parse(out / "junit.xml").getroot().find(".//testcase[@classname='repro_verdict']")
+    assert found["headline"] in verdict.find("failure").get("message")
+    assert result.stdout.rstrip("\n").splitlines()[-1].startswith(f"review {found['status']}: {found['headline'][:60]}")
+
+
+def test_a_head_that_does_not_load_is_do_not_merge(tmp_path: Path) -> None:
+    base, head = _te_tree(tmp_path / "base"), _te_tree(tmp_path / "head", _fails_to_import)
+    found, out, result = _review(tmp_path, base, head)
+    assert found["rule"] == "head_does_not_load" and found["headline"].startswith(
+        "❌ Do not merge: head does not load: ops/fuser.py:"), found["headline"]
+    assert "imports module transformer_engine.no_such_module" in found["fail_reasons"][0]
+    _says_everywhere(found, out, result)
+
+
+def test_two_trees_that_load_nothing_cannot_be_judged(tmp_path: Path) -> None:
+    """Was "✅ PASS — Merge" with nothing judged (both sides' harness errors matched case for case)."""
+    base, head = _te_tree(tmp_path / "base", _fails_to_import), _te_tree(tmp_path / "head", _fails_to_import)
+    found, out, result = _review(tmp_path, base, head)
+    assert found["rule"] == "nothing_judged" and found["status"] == "FAIL", found["headline"]
+    assert found["headline"].startswith("⚠ Cannot judge: neither tree loads: ops/fuser.py:")
+    _says_everywhere(found, out, result)
+
+
+def test_a_backport_that_conflicts_while_the_bug_is_upstream_is_do_not_merge(tmp_path: Path) -> None:
+    """A head that rewrites the line the backport changes, the bug kept (as a TE developer's branch that
+    reworks the fuser's forward did): the review said PASS, the conflict 80 characters into its first line."""
+    def reworded(text: str) -> str:
+        old = "y.requires_grad_(idx >= fuser.first_op_requiring_backward)"
+        assert text.count(old) == 1
+        return text.replace(old, "y.requires_grad_(fuser.first_op_requiring_backward <= idx)")
+
+    base, head = _te_tree(tmp_path / "base"), _te_tree(tmp_path / "head", reworded)
+    found, out, result = _review(tmp_path, base, head)
+    assert found["headline"] == ("❌ Do not merge: patches/backport.patch no longer applies (ops/fuser.py:138) and"
+                                 " issue22 is still upstream: port it"), found["headline"]
+    (issue22,) = found["regressions"]
+    assert issue22["head"]["state"] == "reproduces" and [a["action"] for a in issue22["advice"]] == ["port"]
+    _says_everywhere(found, out, result)
+    text = (out / "review.md").read_text()
+    assert str(tmp_path) not in text and not re.search(r"\b[0-9a-f]{40}\b", text)  # fits a pull request
