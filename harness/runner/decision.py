@@ -197,7 +197,8 @@ def _bug_back(state: ReviewState) -> str | None:
     for reg in state.regressions:
         if reg.base in NOT_BUGGY and reg.head == REPRODUCES:
             how = "back" if reg.base != PREDATES else "new"
-            step = next((f"re-apply {patch_file(p.patch)}: it applies" for p in state.patches
+            step = next((f"{'re-apply' if p.base == PRESENT else 'apply'} {patch_file(p.patch)}: it applies"
+                         for p in state.patches
                          if p.regression == reg.id and p.head == APPLIES), "no patch of ours applies: fix it first")
             return f"{reg.id} is {how} at head (its symptom on {reg.symptom} of {reg.affected} cases); {step}"
     return None
