@@ -143,18 +143,31 @@ def _commit(repo: Path, message: str) -> str:
     return git(repo, "rev-parse", "HEAD")
 
 
-@pytest.fixture(scope="module")
-def chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+def _te_repo(repo: Path, branch: str, version: str) -> tuple[Path, Path, Path]:
+    """A git repository on `branch` holding te-2.13.0's package at `version` (uncommitted), and the roots of
+    te-2.13.0 and te-2.16.0."""
     cache = sources.cache_dir()
     old = Path(targets.prepare("te-2.13.0", cache).root)
     new = Path(targets.prepare("te-2.16.0", cache).root)
-    repo = tmp_path_factory.mktemp("bisect") / "te"
     repo.mkdir()
-    git(repo, "init", "-q", "-b", "main")
+    git(repo, "init", "-q", "-b", branch)
     shutil.copytree(old / "transformer_engine", repo / "transformer_engine",
                     ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     (repo / "build_tools").mkdir()
-    _write(repo, "build_tools/VERSION.txt", "2.13.0\n")
+    _write(repo, "build_tools/VERSION.txt", f"{version}\n")
+    return repo, old, new
+
+
+def _copy_fuser(repo: Path, release: Path, message: str) -> str:
+    """Commit `release`'s fuser.py (and the quantized_tensor.py it imports from) into the repository."""
+    for relpath in (FUSER, QUANTIZED_TENSOR):
+        shutil.copy(release / relpath, repo / relpath)
+    return _commit(repo, message)
+
+
+@pytest.fixture(scope="module")
+def chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    repo, old, new = _te_repo(tmp_path_factory.mktemp("bisect") / "te", "main", "2.13.0")
     c = {"release": _commit(repo, "release 2.13.0")}
     git(repo, "tag", "v2.13")  # upstream tags a release vX.Y
     _write(repo, "build_tools/VERSION.txt", "2.16.0.dev0\n")  # its role is unknown from here on: verdicts change
@@ -165,14 +178,10 @@ def chain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str
     c["no_load"] = _commit(repo, "start a refactor (does not import)")
     _write(repo, ops_init.relative_to(repo), before)
     c["loads"] = _commit(repo, "finish the refactor")
-    for relpath in (FUSER, QUANTIZED_TENSOR):
-        shutil.copy(new / relpath, repo / relpath)
-    c["fix"] = _commit(repo, "guard fuser grad checks on non-leaf nodes (#2919)")
+    c["fix"] = _copy_fuser(repo, new, "guard fuser grad checks on non-leaf nodes (#2919)")
     _write(repo, "NOTES.md", "notes\n")
     c["fixed"] = _commit(repo, "notes")
-    for relpath in (FUSER, QUANTIZED_TENSOR):
-        shutil.copy(old / relpath, repo / relpath)
-    c["lost"] = _commit(repo, "simplify the fuser (#3001)")
+    c["lost"] = _copy_fuser(repo, old, "simplify the fuser (#3001)")
     _write(repo, "NOTES.md", "more notes\n")
     c["head"] = _commit(repo, "more notes")
     # A refactor that moves the failing call into a helper module: the case still crashes with
@@ -325,23 +334,12 @@ def synced(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, st
     """Upstream: te-2.13.0's tree tagged v2.15, a docs commit, the fix (#2919), release notes
     tagged v2.16. The fork: v2.15 plus a commit of its own (the base), the merge of v2.16, a
     follow-up (the head), then a branch started from the head and merged back."""
-    cache = sources.cache_dir()
-    old = Path(targets.prepare("te-2.13.0", cache).root)
-    new = Path(targets.prepare("te-2.16.0", cache).root)
-    repo = tmp_path_factory.mktemp("bisect-merge") / "fork"
-    repo.mkdir()
-    git(repo, "init", "-q", "-b", "upstream")
-    shutil.copytree(old / "transformer_engine", repo / "transformer_engine",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    (repo / "build_tools").mkdir()
-    _write(repo, "build_tools/VERSION.txt", "2.16.0.dev0\n")
+    repo, _, new = _te_repo(tmp_path_factory.mktemp("bisect-merge") / "fork", "upstream", "2.16.0.dev0")
     c = {"u0": _commit(repo, "upstream before #2919")}
     git(repo, "tag", "v2.15")
     _write(repo, "NOTES.md", "docs\n")
     c["docs"] = _commit(repo, "docs (#2900)")
-    for relpath in (FUSER, QUANTIZED_TENSOR):
-        shutil.copy(new / relpath, repo / relpath)
-    c["fix"] = _commit(repo, "guard fuser grad checks on non-leaf nodes (#2919)")
+    c["fix"] = _copy_fuser(repo, new, "guard fuser grad checks on non-leaf nodes (#2919)")
     _write(repo, "NOTES.md", "release notes\n")
     c["tag"] = _commit(repo, "release notes for 2.16")
     git(repo, "tag", "v2.16")
