@@ -591,3 +591,11 @@ def test_a_backport_that_conflicts_while_the_bug_is_upstream_is_do_not_merge(tmp
     _says_everywhere(found, out, result)
     text = (out / "review.md").read_text()
     assert str(tmp_path) not in text and not re.search(r"\b[0-9a-f]{40}\b", text)  # fits a pull request
+
+
+@pytest.mark.parametrize("release", ["te-2.9.0", "te-2.13.0", "te-2.16.0"])
+def test_the_saved_tensors_fix_is_recognised_in_its_later_forms(release: str) -> None:
+    """2.8 on restores the saved tensors once through restore_from_saved, 2.16 on through restore_from_func_ctx:
+    the marker knew only 2.5's `saved_tensors = func_ctx.saved_tensors`, so a synced fork read 'fix not found'."""
+    found = patching.assess(Path(_prepare(release).root), patching.load_patch("saved_tensors_once"))
+    assert found.fix == patching.FIX_UPSTREAM, found
