@@ -27,7 +27,6 @@ from repro.render_md import pr_paths
 
 EXAMPLES = 2  # example case ids per group of changes
 PATCH_STATE = {APPLIES: table.APPLIES, IN_TREE: table.PRESENT, CONFLICT: table.CONFLICTS}  # else stale
-HARNESS_KERNELS = ("the harness's CPU stand-ins", "the native extension")
 
 
 def _only(run: dict[str, Any], spec: str) -> dict[str, Any]:
@@ -133,8 +132,7 @@ def side_state(run: dict[str, Any], spec: str) -> SideState:
     kernels = _kernels(run, spec)
     return SideState(loads=loads, load_cause="" if loads else _short_cause(cause), cases=len(records),
                      judged=sum(r["verdict"] in JUDGED for r in records), unjudged_cause=_short_cause(why),
-                     kernels=provider(kernels),
-                     own_kernels=kernels != "?" and not kernels.startswith(HARNESS_KERNELS))
+                     kernels=provider(kernels))
 
 
 def _where(detail: str) -> str:

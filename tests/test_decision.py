@@ -25,8 +25,7 @@ from repro.review import review, verdict_of
 IDS = ("issue22", "saved_tensors_twice")
 sides = st.builds(SideState, loads=st.booleans(), load_cause=st.sampled_from(["ops/fuser.py:8 ImportError: x", ""]),
                   cases=st.integers(0, 3), judged=st.integers(0, 3), unjudged_cause=st.sampled_from(["", "why"]),
-                  kernels=st.sampled_from(["the harness's CPU stand-ins", "the tree's own module", "?"]),
-                  own_kernels=st.booleans())
+                  kernels=st.sampled_from(["the harness's CPU stand-ins", "the tree's own module", "?"]))
 regressions = st.builds(RegressionState, id=st.sampled_from(IDS), base=st.sampled_from(d.REGRESSION_STATES),
                         head=st.sampled_from(d.REGRESSION_STATES), symptom=st.integers(0, 3),
                         affected=st.integers(0, 3))

@@ -60,8 +60,7 @@ class SideState:
     cases: int = 0  # the side's results
     judged: int = 0  # of them, judged for their own regression
     unjudged_cause: str = ""  # the most common reason a case was not judged
-    kernels: str = "the harness's CPU stand-ins"  # who computed the kernels
-    own_kernels: bool = False  # a fork's own module computed them, not the harness's stand-ins or native TE
+    kernels: str = "the harness's CPU stand-ins"  # who computed the kernels ("?" when it did not load)
 
 
 @dataclass(frozen=True)
