@@ -188,7 +188,7 @@ def _fix_lost(state: ReviewState) -> str | None:
     if not lost:
         return None
     first, where = lost[0], f" ({lost[0].where})" if lost[0].where else ""
-    more = f"; and {', '.join(patch_file(p.patch) for p in lost[1:])}" if lost[1:] else ""
+    more = f"; also lost: {', '.join(patch_file(p.patch) for p in lost[1:])}" if lost[1:] else ""
     return f"{patch_file(first.patch)} no longer applies{where} and {first.regression} is still upstream: port it{more}"
 
 
