@@ -422,9 +422,6 @@ def test_report_never_overwrites_its_inputs(partial_run: Path, tmp_path: Path) -
                    "run dir's own run.json")
     assert not out.exists()
     assert tree_digest(partial_run) == before
-    # A rendering may be replaced: it is made again from the data.
-    result = cli("report", str(partial_run), "--format", "md", "-o", str(partial_run / "report.md"))
-    assert result.returncode == 0, result.stderr
 
 
 def test_paths_with_control_characters_are_one_line(partial_run: Path, tmp_path: Path) -> None:
@@ -1343,3 +1340,48 @@ class TestApplicabilityIsNotTheWorkers:
         assert record["expected"] == expected and record["verdict"] == verdict, record["verdict_reason"]
         assert ("lost coverage" in (record.get("coverage_gap") or "")) is (verdict == "not_judged")
 
+
+class TestRunFilesAndTreesAreNamedOnce:
+    """The leftovers of round 2: a damaged run-meta.json, one tree under two spellings, and an output
+    path that is a file of a run dir: each one line on stderr and exit 2, nothing written."""
+
+    @pytest.mark.parametrize("meta, said", [
+        ({"matrix": "smoke", "targets": 5}, "'targets' is 5 (a JSON number); it must be a list of target specs"),
+        ({"matrix": "smoke", "targets": ["te-2.13.0", 5]}, "'targets' is [\"te-2.13.0\", 5]"),
+        ({"matrix": "smoke", "roles": 5}, "'roles' is 5 (a JSON number); it must be {target: {regression: role}}"),
+        ({"matrix": "smoke", "expected_keys": "all"}, "'expected_keys' is \"all\" (a JSON string)"),
+        ({"matrix": 5}, "'matrix' is 5"),
+        ([1, 2], "is a JSON array, not an object"),
+    ], ids=["targets", "a target", "roles", "expected_keys", "matrix", "array"])
+    def test_a_malformed_run_meta_is_one_line_in_report_and_diff(self, partial_run: Path, meta: object,
+                                                                 said: str) -> None:
+        (partial_run / "run-meta.json").write_text(json.dumps(meta))
+        assert_refused(cli("report", str(partial_run)), "run-meta.json", said, "fix or remove")
+        assert_refused(cli("diff", str(partial_run), str(REPO / "tests/fixtures/run-small")), said)
+        assert_refused(cli("diff", str(REPO / "tests/fixtures/run-small"), str(partial_run)), said)
+
+    def test_one_tree_spelled_two_ways_is_refused_by_review(self, fork: Path, tmp_path: Path) -> None:
+        out = tmp_path / "review"
+        for base, head, said in [(f"path:{fork}", f"path:{fork}/", "are both path:"),
+                                 (f"path:{fork}@HEAD", f"path:{fork}/@HEAD", "are both path:"),
+                                 (f"path:{fork}@npu-main", f"path:{fork}@HEAD", "are both commit")]:
+            assert_refused(cli("review", "--base", base, "--head", head, *SMOKE, "--out", str(out)), said)
+        assert not out.exists()
+
+    def test_no_output_is_a_file_of_a_run_dir(self, partial_run: Path, tmp_path: Path) -> None:
+        (partial_run / "report.md").write_text("the run's report")
+        other = tmp_path / "other-run"  # another run's dir, as `repro run` marks it
+        other.mkdir()
+        (other / rundir.MARKER_NAME).write_text("")
+        (other / "run.json").write_text("{}")
+        before = tree_digest(partial_run), tree_digest(other)
+        for output, said in [(partial_run / "report.md", "the run's own report.md"),
+                             (partial_run / "junit.xml", "a new file in the run's own dir (junit.xml)"),
+                             (other / "run.json", "inside the run dir"), (other / "new.md", "inside the run dir")]:
+            assert_refused(cli("report", str(partial_run), "--format", "junit", "-o", str(output)), said)
+        summary = tmp_path / "summary.md"
+        assert_refused(cli("report", str(partial_run), "-o", str(summary), env={"GITHUB_STEP_SUMMARY": str(summary)}),
+                       "is the report's own -o")
+        assert (tree_digest(partial_run), tree_digest(other)) == before and not summary.exists()
+        result = cli("report", str(partial_run), "-o", str(tmp_path / "report.md"))  # outside any run dir: written
+        assert result.returncode == 0 and (tmp_path / "report.md").is_file(), result.stderr
