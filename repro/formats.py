@@ -57,10 +57,11 @@ def write_all_formats(run: dict[str, Any], out_dir: Path, shown: dict[str, Any] 
     return paths
 
 
-def check_step_summary(run_dir: Path) -> None:
+def check_step_summary(run_dir: Path, output: Path | None = None) -> None:
     """Before a run: a $GITHUB_STEP_SUMMARY that is set must be a file this process can append
     to (GitHub creates it), outside the run dir (appending to run.json or a report would damage
-    it); a bad one is found now, not after the whole run."""
+    it) and not the `output` this command writes (`repro report -o`); a bad one is found now,
+    not after the whole run."""
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if not target:
         return
@@ -68,6 +69,10 @@ def check_step_summary(run_dir: Path) -> None:
     if (hit := rundir.run_file_at(path, run_dir)) is not None:
         raise UsageError(f"$GITHUB_STEP_SUMMARY {target} is the run dir's own {hit}; "
                          "point it at a file outside the run dir (GitHub gives one) or unset it")
+    if output is not None and (path.expanduser().resolve() == output.expanduser().resolve()
+                               or (path.exists() and output.exists() and path.samefile(output))):
+        raise UsageError(f"$GITHUB_STEP_SUMMARY {target} is the report's own -o {output}; the summary would be "
+                         "appended to the report: point one of them elsewhere")
     if path.exists():
         problem = None if path.is_file() and os.access(path, os.W_OK) else (
             "not a regular file" if not path.is_file() else "not writable")

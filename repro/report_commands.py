@@ -40,7 +40,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.output:
         rundir.check_report_output(Path(args.output), Path(args.run_dir))
         rundir.check_regular_output(Path(args.output), "-o")
-    formats.check_step_summary(Path(args.run_dir) if Path(args.run_dir).is_dir() else Path(args.run_dir).parent)
+    formats.check_step_summary(Path(args.run_dir) if Path(args.run_dir).is_dir() else Path(args.run_dir).parent,
+                               Path(args.output) if args.output else None)
     run = reports.load_run(Path(args.run_dir))
     if args.output:
         validate.check_out(Path(args.output), reports.target_specs(run), sources.cache_path())

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from harness.errors import UsageError
 from harness.model import SCHEMA, Run
 from harness.runner import rundir, status
 from harness.runner.status import counts, summarize, target_specs
-from harness.runner.textsafe import safe_value
+from harness.runner.textsafe import safe_text, safe_value
 
 OUTCOMES = ("pass", "crash", "wrong_output", "wrong_grad", "side_effect", "harness_error", "not_applicable",
             "skipped")
@@ -117,12 +118,57 @@ def _run_from_jsonl(run_dir: Path) -> dict[str, Any]:
     return run
 
 
+def _texts(value: Any) -> bool:
+    return isinstance(value, list) and all(isinstance(v, str) for v in value)
+
+
+def _table(value: Any, cell: Callable[[Any], bool]) -> bool:
+    return isinstance(value, dict) and all(isinstance(v, dict) and all(cell(c) for c in v.values())
+                                           for v in value.values())
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+JSON_KINDS = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+              type(None): "null"}
+# What each key of run-meta.json holds (harness.runner.sessions writes it; older runs held more), and how
+# to say it: a run dir is anyone's to edit, and the report reads these before any record.
+META_KEYS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "matrix": (lambda v: isinstance(v, str), "a matrix name (text)"),
+    "only": (_texts, 'a list of "AXIS=VALUES" texts'),
+    "targets": (_texts, 'a list of target specs (texts, e.g. ["te-2.13.0"])'),
+    "started_at": (lambda v: v is None or isinstance(v, str), "a time as text"),
+    "expected_results": (_count, "a count of results (a whole number, 0 or more)"),
+    "expected_keys": (lambda v: isinstance(v, list) and all(_texts(k) and len(k) == 2 for k in v),
+                      "a list of [target, case id] pairs of texts"),
+    "excluded": (lambda v: _table(v, _count), "{regression: {reason: count}}"),
+    "regressions": (lambda v: isinstance(v, list) and all(isinstance(r, dict) and isinstance(r.get("id"), str)
+                                                          for r in v), "a list of regressions, each with its id"),
+    "roles": (lambda v: _table(v, lambda c: isinstance(c, str)), "{target: {regression: role}}"),
+}
+
+
 def _read_meta(run_dir: Path) -> dict[str, Any]:
-    try:
-        meta = json.loads((run_dir / "run-meta.json").read_bytes().decode("utf-8"))
-    except (OSError, ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+    """run-meta.json, each key checked against what a run writes there; none there: {}. One that is
+    damaged is a usage error saying what is wrong, never a traceback in a report or a diff."""
+    path = run_dir / "run-meta.json"
+    if not path.is_file():
         return {}
-    return meta if isinstance(meta, dict) else {}
+    fix = f"fix or remove {path} (a report reads the results without it)"
+    try:
+        meta = json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise UsageError(f"cannot read {path}: {exc}; {fix}") from None
+    if not isinstance(meta, dict):
+        raise UsageError(f"{path} is a JSON {JSON_KINDS.get(type(meta), '?')}, not an object of the run's facts; {fix}")
+    for key, (valid, what) in META_KEYS.items():
+        if key in meta and not valid(meta[key]):
+            shown = safe_text(json.dumps(meta[key])[:60])
+            raise UsageError(f"{path}: {key!r} is {shown} (a JSON {JSON_KINDS.get(type(meta[key]), '?')}); it must be "
+                             f"{what}; {fix}")
+    return meta
 
 
 def _bare_target(spec: str, run_dir: Path, meta: dict[str, Any]) -> dict[str, Any]:

@@ -36,13 +36,22 @@ def _check_tree_spec(option: str, spec: str) -> None:
                          " that applies")
 
 
+def _check_two_commits(base: targets.PreparedTarget, head: targets.PreparedTarget) -> None:
+    """Two names of one commit of one repository (`@main` and `@HEAD`) are one tree too."""
+    ends = [(p.provenance or {}).get("revision", "").rpartition("@")[0] for p in (base, head)]
+    commits = [(p.provenance or {}).get("git_commit", "") for p in (base, head)]
+    if all(ends) and commits[0] and commits[0] == commits[1] and Path(ends[0]).resolve() == Path(ends[1]).resolve():
+        raise UsageError(f"--base {base.spec} and --head {head.spec} are both commit {commits[0][:12]}; give two"
+                         " trees or two revisions")
+
+
 def cmd_review(args: argparse.Namespace) -> int:
     from repro.run_commands import megatron_env, megatron_for_run
 
     for option, spec in (("--base", args.base), ("--head", args.head)):
         _check_tree_spec(option, spec)
-    if args.base == args.head:
-        raise UsageError(f"--base and --head are both {args.base}; give two trees or two revisions (path:DIR@REV)")
+    if (tree := targets.canonical_spec(args.base)) == targets.canonical_spec(args.head):  # path:X and path:X/ too
+        raise UsageError(f"--base and --head are both {tree}; give two trees or two revisions (path:DIR@REV)")
     validate.check_only(args.only)
     if args.upstream_tests:
         from repro.upstream_command import tests_of
@@ -58,6 +67,7 @@ def cmd_review(args: argparse.Namespace) -> int:
     validate.check_out(out_dir, [args.base, args.head], cache)
     check_step_summary(out_dir)  # the reports append to it at the end
     prepared = {spec: targets.prepare(spec, cache, args.offline, args.fork_config) for spec in (args.base, args.head)}
+    _check_two_commits(prepared[args.base], prepared[args.head])
     regressions = [s.regression.id for s in planned]
     assessed = {spec: patch_assessments(p, regressions) for spec, p in prepared.items()}
     specs = review_specs(args.base, args.head, assessed)

@@ -422,9 +422,6 @@ def test_report_never_overwrites_its_inputs(partial_run: Path, tmp_path: Path) -
                    "run dir's own run.json")
     assert not out.exists()
     assert tree_digest(partial_run) == before
-    # A rendering may be replaced: it is made again from the data.
-    result = cli("report", str(partial_run), "--format", "md", "-o", str(partial_run / "report.md"))
-    assert result.returncode == 0, result.stderr
 
 
 def test_paths_with_control_characters_are_one_line(partial_run: Path, tmp_path: Path) -> None:
@@ -1189,3 +1186,202 @@ def test_a_start_announced_for_a_case_not_in_the_session_is_refused_and_fails_th
     assert not any(r["case_id"] == "issue22:not-a-case" for r in run["results"])
     assert run["complete"]  # the worker's real case is recorded as the crash it was
     assert result.returncode == 1 and run["summary"]["status"] == "FAIL"
+
+
+# ==== what a worker sends: observations, never record fields (issue 46) ====
+
+# At import, a tree wraps the harness's own observe (it runs in the worker's process): every observation
+# it sends also names record fields (FORGED), beside the sides it observed.
+FIELD_FORGER = """
+import importlib as _importlib
+_records = _importlib.import_module("harness.runner.records")
+_observe = _records.observe
+def _forged(*args, **kwargs):
+    raw = _observe(*args, **kwargs)
+    raw.setdefault("fields", {}).update(FORGED)
+    return raw
+_records.observe = _forged
+"""
+# At import, a tree makes each case the rules predict affected (and only those) say it cannot run there.
+APPLICABILITY_CLAIMER = """
+import importlib as _importlib
+_records = _importlib.import_module("harness.runner.records")
+_regressions = _importlib.import_module("cases.regressions").REGRESSIONS
+_observe = _records.observe
+def _claimed(case, spec, *args, **kwargs):
+    if _regressions[case.regression].predict(case).expected == "affected":
+        return {"observed": _records._not_run(_records.Outcome.NOT_APPLICABLE, "applicability",
+                                              f"not applicable on this release: {spec} lacks MakeExtraOutput")}
+    return _observe(case, spec, *args, **kwargs)
+_records.observe = _claimed
+"""
+WITH_AFFECTED = ["--matrix", "smoke", "--only", "pipeline=rmsnorm,fused_residual_rmsnorm", "-n", "1"]
+
+
+def _declared_fixed(fork: Path, code: str) -> str:
+    """The fork with `code` run at its import and `[expect] issue22 = "fixed"`: a tree that must pass."""
+    _fork_with(fork, code, "transformer_engine/pytorch/__init__.py")
+    (fork / ".te-repro.toml").write_text('[expect]\nissue22 = "fixed"\n')
+    return targets.canonical_spec(f"path:{fork}")
+
+
+class TestWorkerSendsObservationsOnly:
+    """A worker imports the target: what it sends is an observation, and the record's other fields
+    (outcome, verdict, checks, target, case id, axes, expected, role) are the judge's own."""
+
+    CASE_ID = "issue22:ops-fused_residual_rmsnorm-no_grad-non_leaf-trainable-none-single-dense-float32-cpu"
+
+    @pytest.mark.parametrize("forged, named", [
+        ({"outcome": "pass", "verdict": "fixed", "failed_checks": [], "error": None, "details": {}}, "fields.outcome"),
+        ({"target": "te-2.16.0", "case_id": "issue22:made-up", "pipeline": "identity"}, "fields.target"),
+    ], ids=["verdict", "filing"])
+    def test_fields_a_tree_adds_are_refused_and_fail_the_run(self, fork: Path, tmp_path: Path, forged: dict,
+                                                             named: str) -> None:
+        spec = _declared_fixed(fork, FIELD_FORGER.replace("FORGED", repr(forged)))
+        out = tmp_path / "run"
+        result = cli("run", *WITH_AFFECTED, "--target", f"path:{fork}", "--out", str(out))
+        run = json.loads((out / "run.json").read_text())
+        planned = {case_id for _, case_id in json.loads((out / "run-meta.json").read_text())["expected_keys"]}
+        results = run["results"]
+        # Every case filed where the judge files it, under the run's own target and case id: none missing.
+        assert run["complete"] and {r["case_id"] for r in results} == planned, run["summary"]
+        assert {r["target"] for r in results} == {spec}
+        assert all(r["outcome"] == "harness_error" and named in r["note"] for r in results), results[0]["note"]
+        assert len(run["rejected"]) == len(results) and all(named in line for line in run["rejected"])
+        assert result.returncode == 1 and run["summary"]["status"] == "FAIL"
+        assert f"{len(results)} records rejected" in " ".join(run["summary"]["fail_reasons"])
+
+    @pytest.mark.parametrize("raw, named", [
+        ({"error": None, "fields": {"fused_ops": [], "outcome": "pass"}}, "fields.outcome"),
+        ({"error": None, "fields": {"verdict": "fixed"}}, "fields.verdict"),
+        ({"error": None, "fields": {"case_id": "issue22:x"}}, "fields.case_id"),
+        ({"error": None, "target": "te-2.16.0"}, "target"),
+        ({"error": {"type": "RuntimeError", "message": "m", "location": None, "verdict": "fixed"}}, "error.verdict"),
+        ({"observed": {"outcome": "not_applicable", "failed_checks": [], "details": {}, "error": None,
+                       "side_effects": [], "known_deviations": [], "note": "n", "duration_s": 0.0,
+                       "target": "te-2.16.0"}}, "observed.target"),
+        ({"observed": {"outcome": "harness_error", "failed_checks": ["harness"], "details": {}, "error": None,
+                       "side_effects": [], "known_deviations": [], "note": "n", "duration_s": 0.0,
+                       "pipeline": "identity"}}, "observed.pipeline"),
+        ({"lost": {"why": "worker died", "text": "", "error_type": None, "verdict": "fixed"}}, "lost.verdict"),
+        ({"lost": {"why": "worker died", "text": "", "error_type": None}, "role": "fixed_upstream"}, "role"),
+    ])
+    def test_a_message_naming_a_field_no_worker_may_send_is_a_harness_error(self, raw: dict, named: str) -> None:
+        from cases.case import Case
+        from harness.engine import reference
+        from harness.model import Role
+        from harness.runner.records import judged
+
+        case = Case.from_id(self.CASE_ID)
+        if "observed" not in raw and "lost" not in raw:
+            raw = {"test": reference.reference_side(case), **raw}
+        record = judged(case, "te-2.13.0", Role.UNPATCHED, raw, None, "2.13.0")
+        assert record["outcome"] == "harness_error" and record["verdict"] == "harness_error", record
+        assert "no worker may send" in record["note"] and named in record["note"], record["note"]
+        assert (record["case_id"], record["target"], record["pipeline"]) == (self.CASE_ID, "te-2.13.0",
+                                                                              "fused_residual_rmsnorm")
+
+    def test_the_runs_judge_lists_the_refusal_among_rejected_records(self, tmp_path: Path) -> None:
+        from cases.case import Case
+        from harness.engine import reference
+        from harness.model import Role
+        from harness.runner import observations
+        from harness.runner.textsafe import safe_value
+
+        key = b"k" * 32
+        judge = observations.Judge(tmp_path / "observations.jsonl", tmp_path / "results.jsonl", key,
+                                   {"te-2.13.0": {"issue22": Role.UNPATCHED.value}}, {"te-2.13.0": "2.13.0"})
+        raw = safe_value({"test": reference.reference_side(Case.from_id(self.CASE_ID)), "error": None,
+                          "fields": {"outcome": "pass", "fused_ops": []}}, keep_bytes=True)
+        judge.path.write_text(observations.line(self.CASE_ID, "te-2.13.0", raw, key))
+        assert judge.poll() == 1
+        records, _, rejected = rundir.read_sealed(judge.results, key)
+        assert [(r["case_id"], r["outcome"]) for r in records] == [(self.CASE_ID, "harness_error")]
+        assert len(rejected) == 1 and self.CASE_ID in rejected[0] and "fields.outcome" in rejected[0], rejected
+
+
+class TestApplicabilityIsNotTheWorkers:
+    """A case the rules predict affected that comes back not applicable from a loaded target is coverage
+    the run lost: never a pass by absence."""
+
+    def test_affected_cases_claimed_not_applicable_fail_the_run(self, fork: Path, tmp_path: Path) -> None:
+        _declared_fixed(fork, APPLICABILITY_CLAIMER)
+        out = tmp_path / "run"
+        result = cli("run", *WITH_AFFECTED, "--target", f"path:{fork}", "--out", str(out))
+        run = json.loads((out / "run.json").read_text())
+        claimed = [r for r in run["results"] if r["outcome"] == "not_applicable"]
+        assert claimed and all(r["expected"] == "affected" for r in claimed)
+        assert all(r["verdict"] == "not_judged" and "lost coverage" in r["verdict_reason"] for r in claimed), claimed[0]
+        assert result.returncode == 1 and run["summary"]["status"] == "FAIL"
+        assert any("lost coverage" in line for line in run["headlines"]["issue22"]), run["headlines"]
+
+    @pytest.mark.parametrize("spec, role, expected, verdict", [
+        ("path:/src/fork", "unpatched", "affected", "not_judged"),
+        ("path:/src/fork@HEAD", "fixed_upstream", "affected", "not_judged"),
+        ("path:/src/fork", "unknown", "affected", "not_judged"), ("installed", "patched", "affected", "not_judged"),
+        ("path:/src/fork", "predates", "affected", "not_applicable"),  # before the bug's releases: nothing to lose
+        ("path:/src/fork", "unpatched", "unaffected", "not_applicable"),  # no rule predicts anything there
+        # An upstream release is taken at its word: 2.6's te.ops has no in_place, and nothing is hidden there.
+        ("te-2.6.0.post1", "unpatched", "affected", "not_applicable"),
+        ("te-2.6.0.post1+backport", "patched", "affected", "not_applicable"),
+    ])
+    def test_the_judge_decides_which_not_applicable_case_is_lost_coverage(self, spec: str, role: str, expected: str,
+                                                                         verdict: str) -> None:
+        from cases.case import Case
+        from harness.model import Outcome, Role
+        from harness.runner.records import _not_run, judged
+
+        case_id = TestWorkerSendsObservationsOnly.CASE_ID
+        if expected == "unaffected":
+            case_id = case_id.replace("no_grad-non_leaf", "enabled-leaf")
+        case = Case.from_id(case_id)
+        raw = {"observed": _not_run(Outcome.NOT_APPLICABLE, "applicability", "not applicable: lacks X")}
+        record = judged(case, spec, Role(role), raw, None, "2.13.0")
+        assert record["expected"] == expected and record["verdict"] == verdict, record["verdict_reason"]
+        assert ("lost coverage" in (record.get("coverage_gap") or "")) is (verdict == "not_judged")
+
+
+class TestRunFilesAndTreesAreNamedOnce:
+    """The leftovers of round 2: a damaged run-meta.json, one tree under two spellings, and an output
+    path that is a file of a run dir: each one line on stderr and exit 2, nothing written."""
+
+    @pytest.mark.parametrize("meta, said", [
+        ({"matrix": "smoke", "targets": 5}, "'targets' is 5 (a JSON number); it must be a list of target specs"),
+        ({"matrix": "smoke", "targets": ["te-2.13.0", 5]}, "'targets' is [\"te-2.13.0\", 5]"),
+        ({"matrix": "smoke", "roles": 5}, "'roles' is 5 (a JSON number); it must be {target: {regression: role}}"),
+        ({"matrix": "smoke", "expected_keys": "all"}, "'expected_keys' is \"all\" (a JSON string)"),
+        ({"matrix": 5}, "'matrix' is 5"),
+        ([1, 2], "is a JSON array, not an object"),
+    ], ids=["targets", "a target", "roles", "expected_keys", "matrix", "array"])
+    def test_a_malformed_run_meta_is_one_line_in_report_and_diff(self, partial_run: Path, meta: object,
+                                                                 said: str) -> None:
+        (partial_run / "run-meta.json").write_text(json.dumps(meta))
+        assert_refused(cli("report", str(partial_run)), "run-meta.json", said, "fix or remove")
+        assert_refused(cli("diff", str(partial_run), str(REPO / "tests/fixtures/run-small")), said)
+        assert_refused(cli("diff", str(REPO / "tests/fixtures/run-small"), str(partial_run)), said)
+
+    def test_one_tree_spelled_two_ways_is_refused_by_review(self, fork: Path, tmp_path: Path) -> None:
+        out = tmp_path / "review"
+        for base, head, said in [(f"path:{fork}", f"path:{fork}/", "are both path:"),
+                                 (f"path:{fork}@HEAD", f"path:{fork}/@HEAD", "are both path:"),
+                                 (f"path:{fork}@npu-main", f"path:{fork}@HEAD", "are both commit")]:
+            assert_refused(cli("review", "--base", base, "--head", head, *SMOKE, "--out", str(out)), said)
+        assert not out.exists()
+
+    def test_no_output_is_a_file_of_a_run_dir(self, partial_run: Path, tmp_path: Path) -> None:
+        (partial_run / "report.md").write_text("the run's report")
+        other = tmp_path / "other-run"  # another run's dir, as `repro run` marks it
+        other.mkdir()
+        (other / rundir.MARKER_NAME).write_text("")
+        (other / "run.json").write_text("{}")
+        before = tree_digest(partial_run), tree_digest(other)
+        for output, said in [(partial_run / "report.md", "the run's own report.md"),
+                             (partial_run / "junit.xml", "a new file in the run's own dir (junit.xml)"),
+                             (other / "run.json", "inside the run dir"), (other / "new.md", "inside the run dir")]:
+            assert_refused(cli("report", str(partial_run), "--format", "junit", "-o", str(output)), said)
+        summary = tmp_path / "summary.md"
+        assert_refused(cli("report", str(partial_run), "-o", str(summary), env={"GITHUB_STEP_SUMMARY": str(summary)}),
+                       "is the report's own -o")
+        assert (tree_digest(partial_run), tree_digest(other)) == before and not summary.exists()
+        result = cli("report", str(partial_run), "-o", str(tmp_path / "report.md"))  # outside any run dir: written
+        assert result.returncode == 0 and (tmp_path / "report.md").is_file(), result.stderr

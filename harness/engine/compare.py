@@ -15,7 +15,7 @@ import torch
 from cases.case import Case
 from cases.deviations import split_known
 from cases.regressions import REGRESSIONS
-from harness.engine import checks
+from harness.engine import checks, message
 from harness.engine.subject import DTYPES
 from harness.model import Outcome
 
@@ -99,7 +99,8 @@ def compared(case: Case, raw: dict[str, Any], reference: dict[str, Any], version
     """A case's observed fields from the target's raw observation and the reference's.
     `raw`: the worker's, with its `test` side (and a `reference` side when the reference ran
     beside the target, as Megatron's and a scenario's own do), the `error` that ended the test
-    side, and the fields it adds as they are (`fields`); `reference`: a side, or its `error`."""
+    side, and the observed fields it brings (`fields`: only those harness.engine.message allows,
+    so none can set an outcome, a target or a case id); `reference`: a side, or its `error`."""
     started = time.perf_counter()
     duration = raw.get("duration_s", 0.0)
     if reference.get("error") is not None:
@@ -115,7 +116,7 @@ def compared(case: Case, raw: dict[str, Any], reference: dict[str, Any], version
         unfused = _against_unfused(case, raw, failed)
     record = checked(case, failed, error, started, raw.get("note"), version)
     record["duration_s"] = duration
-    record.update(raw.get("fields") or {})
+    record.update(message.fields_of(raw))
     if unfused is not None:
         record["unfused_te"] = unfused
     return record

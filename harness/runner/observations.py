@@ -8,7 +8,8 @@ in every session's controller; and a te.ops pipeline's plain-PyTorch reference i
 per case for every target. A line whose seal does not hold (something other than a controller
 wrote it: a target can write anywhere its user can), or a second observation of a case (a line
 copied), is never judged: the run lists it among its rejected records, which fail it, as a
-results line that no process of the run wrote does.
+results line that no process of the run wrote does. So is an observation that names a field no
+worker may send (harness.engine.message): its case is judged a harness error that names them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from harness.engine import message
 from harness.runner import rundir, seal
 from harness.runner.textsafe import safe_value
 
@@ -99,6 +101,7 @@ class Judge:
         self.rejected: list[str] = []
         self.judged: set[tuple[str, str]] = set()  # (target, case id)
         self.references: dict[str, dict[str, Any]] = {}  # by case id: the same for every target
+        self.refusals: list[dict[str, Any]] = []  # messages naming fields no worker may send, to write
 
     def poll(self, limit: int = 0, seconds: float = 0.0) -> int:
         """Judge every complete line added since the last poll, or the first `limit` of them, or those
@@ -122,6 +125,9 @@ class Judge:
             if self.written is not None:
                 self.written.update((line.encode("utf-8", "surrogateescape"), record)
                                     for line, record in zip(lines, records))
+        if self.refusals:  # sealed as a controller's refusals are: read back among the run's rejected
+            rundir.append_records(self.results, self.refusals, self.key)
+            self.refusals = []
         self.offset += used
         self.unread = data[used:]
         return len(records)
@@ -162,6 +168,9 @@ class Judge:
                                  f"{entry['target']} (a copied line): not judged")
             return None
         self.judged.add((entry["target"], entry["case_id"]))
+        if names := message.refused(entry.get("raw")):  # judged all the same: a harness error that names them
+            self.refusals.append({seal.REJECTED: f"the observation of {entry['case_id']} names fields no worker may "
+                                                 f"send ({', '.join(names)}): refused", "target": entry["target"]})
         return self.judge(entry["case_id"], entry["target"], entry.get("raw"))
 
     def judge(self, case_id: str, spec: str, raw: Any) -> dict[str, Any]:

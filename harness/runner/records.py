@@ -12,11 +12,11 @@ from typing import Any
 from cases.case import Case
 from cases.clients import needs_megatron
 from cases.regressions import REGRESSIONS
-from harness.errors import TargetLoadError
+from harness.errors import TargetLoadError, UsageError
 from harness.model import SCHEMA, Outcome, Role
 from harness.runner.textsafe import safe_value
 from harness.runner.verdicts import judge as judged_by_rules
-from harness.runner.verdicts import known_bugs
+from harness.runner.verdicts import known_bugs, lost_coverage
 
 __all__ = ["SCHEMA", "judge", "lost_case_record"]
 
@@ -31,10 +31,13 @@ def finish(case: Case, spec: str, role: Role, observed: dict[str, Any],
 
     observed = safe_value(observed)
     prediction = REGRESSIONS[case.regression].predict(case, version)  # the symptom on the target's release
+    if not observed.get("coverage_gap") and (gap := lost_coverage(prediction, observed, role, _release(spec))):
+        observed = {**observed, "coverage_gap": gap}
     found = judged_by_rules(prediction, observed, role, known_bugs(REGRESSIONS, roles or {}, case.regression))
     refusal = standalone_refusal(case)
+    own = {"case_id": case.case_id, "target": spec, **case.as_dict()}
     return {
-        "case_id": case.case_id, "target": spec, **case.as_dict(), **observed,
+        **own, **observed, **own,  # where the record is filed is the judge's, whatever an observation holds
         "standalone": refusal is None, "standalone_refusal": refusal,
         "expected": prediction.expected,
         "predicted": prediction.rule.symptom.description if prediction.rule else None,
@@ -42,6 +45,17 @@ def finish(case: Case, spec: str, role: Role, observed: dict[str, Any],
         "role": role.value, "verdict": found.verdict.value, "verdict_reason": found.reason,
         "attributed_to": found.attributed_to, "symptom": found.symptom,
     }
+
+
+def _release(spec: str) -> bool:
+    """Whether a target is an upstream release (`te-X.Y.Z`, with or without our patch): decided from
+    the spec the run was given, never from anything the target says."""
+    from harness.targets import parse_spec
+
+    try:
+        return parse_spec(spec).kind == "wheel"
+    except UsageError:  # an older run's spec, or none the harness knows: a tree
+        return False
 
 
 def _not_run(outcome: Outcome, check: str, note: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -95,20 +109,22 @@ def judged(case: Case, spec: str, role: Role, raw: Any, reference: dict[str, Any
     with the reference (the one given for this case, else the side the worker ran beside the
     target, else plain PyTorch's computed here), then judged. A raw observation that is not one
     is a harness error of the case, never a pass."""
-    from harness.engine import compare, wire
+    from harness.engine import compare, message, wire
     from harness.engine.reference import independent, reference_side
 
     try:
         if not isinstance(raw, dict):
             raise wire.WireError("it is not a mapping")
+        if "observed" in raw and isinstance(raw["observed"], dict) and raw["observed"].get("outcome") not in NOT_RUN:
+            # A case that ran brings its sides, never a verdict (said first: it is what such a worker tried).
+            raise wire.WireError(f"it claims outcome {raw['observed'].get('outcome')!r} without the sides it observed")
+        message.check(raw)  # only the fields a worker may send; the record's others are made here
         if "lost" in raw:
             lost = raw["lost"]
             return lost_case_record(case.case_id, spec, role, str(lost["why"]), str(lost["text"]),
                                     None if lost.get("error_type") is None else str(lost["error_type"]))
         if "observed" in raw:
-            observed = dict(raw["observed"])
-            if observed.get("outcome") not in NOT_RUN:  # a case that ran brings its sides, never a verdict
-                raise wire.WireError(f"it claims outcome {observed.get('outcome')!r} without the sides it observed")
+            observed = _not_run_claim(raw["observed"])
         else:
             # A reference that needs no target is never the worker's to send.
             side = (reference if reference is not None else reference_side(case)) if independent(case) \
@@ -121,6 +137,36 @@ def judged(case: Case, spec: str, role: Role, raw: Any, reference: dict[str, Any
     if isinstance(raw, dict) and (changed := raw.get("state_changes")):
         observed = _with_state_changes(observed, [str(c) for c in changed])
     return finish(case, spec, role, observed, roles, version)
+
+
+NOT_RUN_CHECKS = ("load", "megatron", "harness")  # what stopped a case that did not run (a harness error)
+
+
+def _not_run_claim(claim: Any) -> dict[str, Any]:
+    """A worker's word that a case did not run, made into the judge's observation: only its
+    outcome (not applicable, or a harness error and the step that failed), note, error and
+    coverage gap are the worker's; a case that did not run observed nothing else."""
+    from harness.engine.message import check_error
+    from harness.engine.wire import WireError
+
+    if not isinstance(claim, dict) or claim.get("outcome") not in NOT_RUN:
+        raise WireError("its not-run observation is not one (a mapping whose outcome is one of "
+                        f"{', '.join(NOT_RUN)})")
+    outcome = Outcome(claim["outcome"])
+    checks = claim.get("failed_checks") or []
+    if outcome is Outcome.HARNESS_ERROR and (len(checks) != 1 or checks[0] not in NOT_RUN_CHECKS):
+        raise WireError(f"a harness error that did not run names failed checks {checks!r}, not one of "
+                        f"{', '.join(NOT_RUN_CHECKS)}")
+    if outcome is Outcome.NOT_APPLICABLE and checks:
+        raise WireError(f"a case not applicable names failed checks {checks!r}")
+    if any(claim.get(k) for k in ("details", "side_effects", "known_deviations", "duration_s")):
+        raise WireError("a case that did not run claims details, side effects, known deviations or a duration")
+    note, error, gap = claim.get("note"), claim.get("error"), claim.get("coverage_gap")
+    if not isinstance(note, str) or not isinstance(gap, (str, type(None))):
+        raise WireError("its not-run observation's note or coverage gap is not text")
+    check_error(error, "not-run observation's error")
+    observed = _not_run(outcome, checks[0] if checks else "applicability", note, error)
+    return {**observed, "coverage_gap": gap} if gap else observed
 
 
 def _with_state_changes(observed: dict[str, Any], changed: list[str]) -> dict[str, Any]:

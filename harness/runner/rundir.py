@@ -362,9 +362,6 @@ def check_run_document(run: Any, path: Path) -> None:
             raise UsageError(f"{path}: result {number} is not a record with {', '.join(REQUIRED_KEYS)}")
 
 
-RENDERINGS = ("report.md", "report.html", "junit.xml", "review.md", "bisect.md")  # made again from the data
-
-
 def _identity(path: Path) -> tuple[int, int] | None:
     try:
         found = os.stat(path)
@@ -387,13 +384,18 @@ def run_file_at(path: Path, run_dir: Path) -> str | None:
 
 
 def check_report_output(output: Path, run_path: Path) -> None:
-    """`repro report -o FILE` never writes over the run it renders: in its run dir only one of
-    the renderings may be replaced, never run.json, the results, the sessions or a review."""
+    """`repro report -o FILE` never writes into a run dir: not over the run it renders (by name,
+    symlink or hard link; its renderings too: a report of another format would take their
+    place), nor into any other run dir (its data, or a file its next run would remove)."""
     run_dir = run_path if run_path.is_dir() else run_path.parent
-    hit = run_file_at(output, run_dir)
-    if hit is not None and hit not in RENDERINGS:
-        raise UsageError(f"-o {output} would overwrite the run's own {hit}; write the "
-                         f"report elsewhere (or over one of {', '.join(RENDERINGS)} in the run dir)")
+    if (hit := run_file_at(output, run_dir)) is not None:
+        what = f"the run's own {hit}" if (run_dir / hit).exists() else f"a new file in the run's own dir ({hit})"
+        raise UsageError(f"-o {output} would write {what}; a report never writes into a run dir: write it "
+                         "elsewhere (or omit -o: the report goes to stdout)")
+    resolved = output.expanduser().resolve()
+    if other := next((d for d in resolved.parents if _is_run_dir(d)), None):
+        raise UsageError(f"-o {output} is inside the run dir {other}; a report never writes into a run dir: "
+                         "write it elsewhere (or omit -o: the report goes to stdout)")
 
 
 def session_name(spec: str) -> str:

@@ -42,6 +42,19 @@ def known_bugs(catalogue: Mapping[str, Regression], roles: Mapping[str, str], ow
                  for rid, reg in catalogue.items() if rid != own)
 
 
+def lost_coverage(prediction: Prediction, observation: Mapping[str, Any], role: Role, release: bool) -> str | None:
+    """Why a case that came back not applicable is coverage the run lost, or None: a rule predicts
+    it affected, on a tree that is not an upstream release (`release`: a `te-X.Y.Z` spec, with or
+    without our patch) and not before the bug's releases (there the case shows the bug or its fix).
+    Only the target's own process can say a case does not apply, so a tree could make exactly its
+    affected cases vanish that way; a release's word is taken (its API may not exist yet)."""
+    if (observation.get("outcome") != Outcome.NOT_APPLICABLE or prediction.rule is None or release
+            or role is Role.PREDATES):
+        return None
+    return (f"lost coverage: the rules predict this case affected and the tree ({role}) says it cannot run it; only"
+            " a release is taken at its word, and a run never passes on cases that did not run")
+
+
 def attribute(observation: Mapping[str, Any], known: Sequence[KnownBug]) -> tuple[KnownBug, Symptom] | None:
     """The other regression whose symptom the observed failure is, preferring one the tree is expected to have."""
     found = [(bug, s) for bug in known for s in bug.symptoms if s.matches(observation)]

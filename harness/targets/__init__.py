@@ -70,15 +70,17 @@ def parse_spec(text: str) -> TargetSpec:
 
 def canonical_spec(text: str) -> str:
     """One spelling per target: a `path:` dir made absolute with `..`, `.` and links resolved
-    (`path:X`, `path:X/` and `path:X/../X` are one target); a dir whose name ends in a
-    patch's `+name` keeps its trailing `/`. Other specs are their own canonical form."""
+    (`path:X`, `path:X/` and `path:X/../X` are one target, as are `path:X@REV` and `path:X/@REV`);
+    a dir whose name ends in a patch's `+name` keeps its trailing `/`. Other specs are their own
+    canonical form."""
     spec = parse_spec(text)
     if spec.kind != "path":
         return text
-    root = str(Path(spec.value).expanduser().resolve())
+    directory, rev = revisions.split(spec.value)
+    root = str(Path(directory).expanduser().resolve())
     _, sep, tail = root.rpartition("+")
     literal = "/" if sep and patching.is_patch_name(tail) else ""
-    return f"path:{root}{literal}" + (f"+{spec.patch}" if spec.patch else "")
+    return f"path:{root}{literal}" + (f"@{rev}" if rev else "") + (f"+{spec.patch}" if spec.patch else "")
 
 
 def parse_spec_list(text: str) -> list[str]:
