@@ -143,6 +143,18 @@ def _verdict_suite(root: ET.Element, run: dict[str, Any]) -> Counter[str]:
     return Counter()
 
 
+def suite_names(specs: list[str], labels: dict[str, str]) -> dict[str, str]:
+    """Each target's suite name: the review's label, else the spec as a pull request shows it (no machine
+    path, no 40-hex id); two trees whose folders share a name get their order in the run after it."""
+    names = {spec: labels.get(spec) or pr_spec(spec) for spec in specs}
+    seen: dict[str, int] = {}
+    for spec, name in names.items():
+        seen[name] = seen.get(name, 0) + 1
+        if seen[name] > 1:
+            names[spec] = f"{name} ({seen[name]})"
+    return names
+
+
 def render_junit(run: dict[str, Any]) -> str:
     timestamp = (run.get("started_at") or "")[:19]  # xs:dateTime without the zone, as Ant writes it
     hostname = run["environment"].get("machine") or "unknown"
@@ -151,9 +163,9 @@ def render_junit(run: dict[str, Any]) -> str:
     total_time = 0.0
     review = run.get("review") or {}
     counted = {(t, c) for t, c in review["failing"]} if "failing" in review else None
+    names = suite_names(reports.target_specs(run), review.get("labels") or {})
     for spec in reports.target_specs(run):
-        # A suite is named by the review's label or the spec as a PR shows it: no machine path, no 40-hex id.
-        name = (review.get("labels") or {}).get(spec) or pr_spec(spec)
+        name = names[spec]
         ran = [r for r in run["results"] if r["target"] == spec and r["outcome"] not in NOT_RUN]
         suite = ET.SubElement(root, "testsuite", name=_text(dot_free(name)), hostname=_text(hostname))
         if timestamp:

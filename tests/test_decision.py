@@ -219,3 +219,12 @@ def test_the_readme_shows_the_table_as_it_is() -> None:
     text = (REPO / "README.md").read_text()
     shown = text.split("<!-- decision-table:", 1)[1].split("\n", 1)[1].split("<!-- /decision-table -->")[0]
     assert shown.strip() == d.rules_markdown()
+
+
+def test_junit_suites_name_no_machine_path_and_stay_apart() -> None:
+    from repro.render_junit import suite_names
+
+    specs = ["path:/home/me/a/te", "path:/home/me/b/te", f"path:/srv/fork@{'ab' * 20}+backport", "te-2.13.0"]
+    names = suite_names(specs, {})
+    assert list(names.values()) == ["path:te", "path:te (2)", "path:fork@abababababab+backport", "te-2.13.0"]
+    assert suite_names(specs[:1], {specs[0]: "head"}) == {specs[0]: "head"}
