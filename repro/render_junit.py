@@ -165,9 +165,9 @@ def render_junit(run: dict[str, Any]) -> str:
     counted = {(t, c) for t, c in review["failing"]} if "failing" in review else None
     names = suite_names(reports.target_specs(run), review.get("labels") or {})
     for spec in reports.target_specs(run):
-        name = names[spec]
+        label = names[spec]
         ran = [r for r in run["results"] if r["target"] == spec and r["outcome"] not in NOT_RUN]
-        suite = ET.SubElement(root, "testsuite", name=_text(dot_free(name)), hostname=_text(hostname))
+        suite = ET.SubElement(root, "testsuite", name=_text(dot_free(label)), hostname=_text(hostname))
         if timestamp:
             suite.set("timestamp", timestamp)
         properties = ET.SubElement(suite, "properties")
@@ -176,8 +176,8 @@ def render_junit(run: dict[str, Any]) -> str:
             ET.SubElement(properties, "property", name=name, value=_text(value))
         if note := reports.incomplete_note(run):
             ET.SubElement(properties, "property", name="incomplete", value=_text(note))
-        kinds = Counter(_testcase(suite, record, name, counted) for record in ran)
-        kinds += Counter(_missing_testcase(suite, spec, name, item) for item in _missing(run, spec))
+        kinds = Counter(_testcase(suite, record, label, counted) for record in ran)
+        kinds += Counter(_missing_testcase(suite, spec, label, item) for item in _missing(run, spec))
         tests = sum(kinds.values())
         seconds = sum(r.get("duration_s") or 0.0 for r in ran)
         suite.attrib.update(tests=str(tests), failures=str(kinds["failure"]), errors=str(kinds["error"]),
