@@ -227,7 +227,8 @@ def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str
         source, version, backend = wheel.name, sources.wheel_version(root), "cpu"
         if version != spec.value:
             raise UsageError(f"cached wheel {wheel} holds version {version}, not {spec.value}; delete it")
-        key = f"te-{spec.value}-{sources.content_hash(root)}"
+        content = sources.content_hash(root)
+        key = f"te-{spec.value}-{content}"
     elif spec.kind == "path":
         directory, rev = revisions.split(spec.value)
         if rev is None:
@@ -237,11 +238,13 @@ def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str
             root, provenance = revisions.export(Path(directory), rev, cache)
             source = provenance["revision"]
         version, backend = sources.tree_version(root), "cpu"
-        key = f"path-{sources.content_hash(root)}"
+        content = sources.content_hash(root)
+        key = f"path-{content}"
     else:
         root = _installed_root()
         source, version, backend = str(root), sources.tree_version(root), "native"
-        key = f"installed-{sources.content_hash(root)}"
+        content = sources.content_hash(root)
+        key = f"installed-{content}"
     config_path = forkconfig.find(root, fork_config) if spec.kind != "wheel" else None
     config, markers = forkconfig.load(config_path) if config_path else (forkconfig.ForkConfig(), {})
     if config.version and version == "unknown":  # a tree without a version file, given one by its config
@@ -250,12 +253,13 @@ def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str
     if patch is not None:
         extra = tuple(patching.Marker(**m) for fix in patch.fixes for m in markers.get(fix, []))
         root, status, detail, assessment = _patched_copy(root, key, patch, cache, extra)
+        content = sources.content_hash(root)  # the patched copy's: each file is hashed once per tree
     parts = {"patch_text": assessment.text, "patch_text_detail": assessment.text_detail,
              "patch_fix": assessment.fix, "patch_fix_detail": assessment.fix_detail} if assessment else {}
     return PreparedTarget(
         spec=spec.text, kind=spec.kind, source=source, root=str(root), version=version,
         fuser_sha=sources.fuser_hash(root), patch=spec.patch, patch_status=status,
-        patch_detail=detail, backend=backend, content_sha=sources.content_hash(root), provenance=provenance,
+        patch_detail=detail, backend=backend, content_sha=content, provenance=provenance,
         fork_config=str(config_path) if config_path else None, fix_markers=markers,
         extra_standins={module: dict(symbols) for module, symbols in config.standins.items()}, renamed_ops=config.renamed_ops, expectations=dict(config.expect),
         **parts,
