@@ -157,3 +157,15 @@ def test_a_resigned_megatron_tree_is_unpacked_again(tmp_path: Path, cache: Path)
     record.write_text(_resign(record.read_text(), {MARKER.as_posix(): shipped + TAMPERED}))
     again = Path(prepare_megatron(DEFAULT_VERSION, private, offline=True).root)
     assert (again / MARKER).read_bytes() == shipped
+
+
+def test_a_patched_copy_resigned_through_its_own_status_is_made_again(private: Path) -> None:
+    """te-2.13.0+backport is a patched copy in the cache; what vouches for it must lie outside it too."""
+    root = Path(targets.prepare(f"te-{VERSION}+backport", private, offline=True).root or "")
+    fixed = (root / FUSER).read_bytes()
+    (root / FUSER).write_bytes(fixed + TAMPERED)
+    status = root / ".patch-status.json"  # where the copy kept its own content hash
+    saved = json.loads(status.read_text()) if status.is_file() else {}
+    status.write_text(json.dumps({**saved, "content": sources.content_hash(root)}))
+    again = Path(targets.prepare(f"te-{VERSION}+backport", private, offline=True).root or "")
+    assert (again / FUSER).read_bytes() == fixed

@@ -175,10 +175,16 @@ def source_roots(specs: list[str]) -> list[Path]:
     return roots
 
 
+def _status_path(final: Path) -> Path:
+    """Where a patched copy's status and content hash are kept: beside the copy, not in it, where
+    a target that ran from the copy could rewrite them with its files."""
+    return final.with_name(final.name + ".status.json")
+
+
 def _read_status(final: Path) -> tuple[str, str, patching.Assessment] | None:
     """The saved patch status and assessment of a patched copy, when the copy is intact."""
     try:
-        saved = json.loads((final / ".patch-status.json").read_text())
+        saved = json.loads(_status_path(final).read_text())
         if saved["content"] == sources.content_hash(final):
             return saved["status"], saved["detail"], patching.Assessment(**saved["assessment"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -206,12 +212,13 @@ def _patched_copy(root: Path, key: str, patch: patching.Patch, cache: Path,
             for info in root.glob("transformer_engine-*.dist-info"):
                 shutil.copytree(info, staged / info.name)
             status, detail, assessment = patching.apply_assessed(staged, patch, extra_markers)
-            (staged / ".patch-status.json").write_text(json.dumps(
-                {"status": status, "detail": detail, "assessment": asdict(assessment),
-                 "content": sources.content_hash(staged)}))
+            kept = json.dumps({"status": status, "detail": detail, "assessment": asdict(assessment),
+                               "content": sources.content_hash(staged)})
             if final.exists():
                 shutil.rmtree(final)
             staged.rename(final)
+            # Written once the copy is in place: a copy found without it is made again, never taken.
+            sources.write_kept(_status_path(final), kept)
     return final, status, detail, assessment
 
 

@@ -173,25 +173,29 @@ def _file_sha256(path: Path) -> str:
         return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
-def _keep_digest(wheel: Path, sha256: str, origin: str) -> None:
-    """Record a wheel's digest, read-only, whole (a temporary file and a rename). `origin` says
-    where it came from: "index" (pip's report of the index's file), "download" (pip's report named
-    none: the digest of the file pip downloaded) or "first use" (a wheel that was in the cache
-    before digests were kept, or was put there, and the index was not asked or lists another file)."""
+def write_kept(path: Path, text: str) -> None:
+    """Write what vouches for something in the cache: whole (a temporary file and a rename) and
+    read-only (kept once, never edited in place); a write error is one line."""
     temporary = None
     try:
-        handle, temporary = tempfile.mkstemp(dir=wheel.parent, prefix=".digest-")
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
         with os.fdopen(handle, "w") as out:
-            json.dump({"wheel": wheel.name, "sha256": sha256, "from": origin}, out)
-            out.write("\n")
+            out.write(text)
         os.chmod(temporary, 0o444)
-        os.replace(temporary, digest_path(wheel))
+        os.replace(temporary, path)
     except OSError as exc:
-        raise UsageError(f"cannot keep the digest of {wheel.name} in {wheel.parent} ({exc.strerror}); "
-                         "fix the cache dir and run again") from None
+        raise UsageError(f"cannot write {path} ({exc.strerror}); fix the cache dir and run again") from None
     finally:
         if temporary is not None:
             Path(temporary).unlink(missing_ok=True)
+
+
+def _keep_digest(wheel: Path, sha256: str, origin: str) -> None:
+    """Record a wheel's digest. `origin` says where it came from: "index" (pip's report of the
+    index's file), "download" (pip's report named none: the digest of the file pip downloaded) or
+    "first use" (a wheel that was in the cache before digests were kept, or was put there, and the
+    index was not asked or lists another file)."""
+    write_kept(digest_path(wheel), json.dumps({"wheel": wheel.name, "sha256": sha256, "from": origin}) + "\n")
 
 
 NOT_KEPT = "no digest was kept for it"
