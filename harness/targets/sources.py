@@ -232,8 +232,11 @@ def index_digest(version: str, dist: Distribution = TE) -> tuple[str, str] | Non
     with tempfile.TemporaryDirectory(prefix="index-") as tmp:
         report = Path(tmp) / "report.json"
         args = [a or str(Path(tmp) / "target") for a in foreign]
+        # A short bound: an index that cannot be reached leaves a kept wheel usable (its digest then
+        # kept at first use), where pip's own default here would wait minutes per try.
         result = _pip("install", "--dry-run", "--ignore-installed", "--no-deps", "--only-binary=:all:", *args,
-                      *dist.pip_tags, "-q", "--report", str(report), f"{dist.package}=={version}")
+                      *dist.pip_tags, "--timeout", "20", "--retries", "1", "-q", "--report", str(report),
+                      f"{dist.package}=={version}")
         try:
             installs = json.loads(report.read_text())["install"] if result.returncode == 0 else []
             info = installs[0]["download_info"]
