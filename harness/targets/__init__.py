@@ -175,10 +175,16 @@ def source_roots(specs: list[str]) -> list[Path]:
     return roots
 
 
+def _status_path(final: Path) -> Path:
+    """Where a patched copy's status and content hash are kept: beside the copy, not in it, where
+    a target that ran from the copy could rewrite them with its files."""
+    return final.with_name(final.name + ".status.json")
+
+
 def _read_status(final: Path) -> tuple[str, str, patching.Assessment] | None:
     """The saved patch status and assessment of a patched copy, when the copy is intact."""
     try:
-        saved = json.loads((final / ".patch-status.json").read_text())
+        saved = json.loads(_status_path(final).read_text())
         if saved["content"] == sources.content_hash(final):
             return saved["status"], saved["detail"], patching.Assessment(**saved["assessment"])
     except (OSError, ValueError, KeyError, TypeError):
@@ -206,12 +212,13 @@ def _patched_copy(root: Path, key: str, patch: patching.Patch, cache: Path,
             for info in root.glob("transformer_engine-*.dist-info"):
                 shutil.copytree(info, staged / info.name)
             status, detail, assessment = patching.apply_assessed(staged, patch, extra_markers)
-            (staged / ".patch-status.json").write_text(json.dumps(
-                {"status": status, "detail": detail, "assessment": asdict(assessment),
-                 "content": sources.content_hash(staged)}))
+            kept = json.dumps({"status": status, "detail": detail, "assessment": asdict(assessment),
+                               "content": sources.content_hash(staged)})
             if final.exists():
                 shutil.rmtree(final)
             staged.rename(final)
+            # Written once the copy is in place: a copy found without it is made again, never taken.
+            sources.write_kept(_status_path(final), kept)
     return final, status, detail, assessment
 
 
@@ -227,7 +234,8 @@ def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str
         source, version, backend = wheel.name, sources.wheel_version(root), "cpu"
         if version != spec.value:
             raise UsageError(f"cached wheel {wheel} holds version {version}, not {spec.value}; delete it")
-        key = f"te-{spec.value}-{sources.content_hash(root)}"
+        content = sources.content_hash(root)
+        key = f"te-{spec.value}-{content}"
     elif spec.kind == "path":
         directory, rev = revisions.split(spec.value)
         if rev is None:
@@ -237,11 +245,13 @@ def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str
             root, provenance = revisions.export(Path(directory), rev, cache)
             source = provenance["revision"]
         version, backend = sources.tree_version(root), "cpu"
-        key = f"path-{sources.content_hash(root)}"
+        content = sources.content_hash(root)
+        key = f"path-{content}"
     else:
         root = _installed_root()
         source, version, backend = str(root), sources.tree_version(root), "native"
-        key = f"installed-{sources.content_hash(root)}"
+        content = sources.content_hash(root)
+        key = f"installed-{content}"
     config_path = forkconfig.find(root, fork_config) if spec.kind != "wheel" else None
     config, markers = forkconfig.load(config_path) if config_path else (forkconfig.ForkConfig(), {})
     if config.version and version == "unknown":  # a tree without a version file, given one by its config
@@ -250,12 +260,13 @@ def prepare(spec_text: str, cache: Path, offline: bool = False, fork_config: str
     if patch is not None:
         extra = tuple(patching.Marker(**m) for fix in patch.fixes for m in markers.get(fix, []))
         root, status, detail, assessment = _patched_copy(root, key, patch, cache, extra)
+        content = sources.content_hash(root)  # the patched copy's: each file is hashed once per tree
     parts = {"patch_text": assessment.text, "patch_text_detail": assessment.text_detail,
              "patch_fix": assessment.fix, "patch_fix_detail": assessment.fix_detail} if assessment else {}
     return PreparedTarget(
         spec=spec.text, kind=spec.kind, source=source, root=str(root), version=version,
         fuser_sha=sources.fuser_hash(root), patch=spec.patch, patch_status=status,
-        patch_detail=detail, backend=backend, content_sha=sources.content_hash(root), provenance=provenance,
+        patch_detail=detail, backend=backend, content_sha=content, provenance=provenance,
         fork_config=str(config_path) if config_path else None, fix_markers=markers,
         extra_standins={module: dict(symbols) for module, symbols in config.standins.items()}, renamed_ops=config.renamed_ops, expectations=dict(config.expect),
         **parts,

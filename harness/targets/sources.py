@@ -3,6 +3,11 @@
 Wheels are fetched with `pip download --no-deps` and unpacked into the cache. Both
 steps run under a per-version file lock and finish with an atomic rename, so two
 runs fetching the same release at once never see a half-written tree.
+
+A target that ran once can rewrite anything inside its unpacked tree, its own RECORD
+included, so nothing in the tree vouches for the tree: it is checked against the RECORD
+read from the wheel archive, and the archive against the sha256 the package index gave
+when it was fetched, kept read-only beside the wheel (`wheels/<wheel>.sha256`).
 """
 
 from __future__ import annotations
@@ -13,17 +18,19 @@ import errno
 import fcntl
 import hashlib
 import io
+import json
 import os
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import urllib.parse
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from harness.errors import UsageError
 from harness.runner.textsafe import check_path_text
@@ -142,7 +149,8 @@ def index_versions(package: str = PACKAGE) -> list[str]:
 
 
 def _wheel_damage(wheel: Path) -> str | None:
-    """Why a wheel file cannot be trusted (truncated, corrupt member), or None."""
+    """Why a wheel file cannot be trusted (truncated, corrupt member), or None. It decompresses
+    every member: run once when a wheel enters the cache, never on every use."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             bad = archive.testzip()
@@ -155,22 +163,136 @@ def _wheel_damage(wheel: Path) -> str | None:
     return None
 
 
+def digest_path(wheel: Path) -> Path:
+    """Where a cached wheel's sha256 is kept: beside the wheel, outside every unpacked tree."""
+    return wheel.with_name(wheel.name + ".sha256")
+
+
+def _file_sha256(path: Path) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
+
+
+def write_kept(path: Path, text: str) -> None:
+    """Write what vouches for something in the cache: whole (a temporary file and a rename) and
+    read-only (kept once, never edited in place); a write error is one line."""
+    temporary = None
+    try:
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}-")
+        with os.fdopen(handle, "w") as out:
+            out.write(text)
+        os.chmod(temporary, 0o444)
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise UsageError(f"cannot write {path} ({exc.strerror}); fix the cache dir and run again") from None
+    finally:
+        if temporary is not None:
+            Path(temporary).unlink(missing_ok=True)
+
+
+def _keep_digest(wheel: Path, sha256: str, origin: str) -> None:
+    """Record a wheel's digest. `origin` says where it came from: "index" (pip's report of the
+    index's file), "download" (pip's report named none: the digest of the file pip downloaded) or
+    "first use" (a wheel that was in the cache before digests were kept, or was put there, and the
+    index was not asked or lists another file)."""
+    write_kept(digest_path(wheel), json.dumps({"wheel": wheel.name, "sha256": sha256, "from": origin}) + "\n")
+
+
+NOT_KEPT = "no digest was kept for it"
+
+
+def _digest_problem(wheel: Path) -> str | None:
+    """Why a cached wheel is not the file whose digest was kept when it entered the cache (NOT_KEPT
+    when none was), or None. One sha256 of the wheel: what every use pays."""
+    try:
+        kept = json.loads(digest_path(wheel).read_text())
+    except FileNotFoundError:
+        return NOT_KEPT
+    except (OSError, ValueError) as exc:
+        return f"its kept digest {digest_path(wheel)} cannot be read ({type(exc).__name__})"
+    if not isinstance(kept, dict) or kept.get("wheel") != wheel.name or not isinstance(kept.get("sha256"), str):
+        return f"its kept digest {digest_path(wheel)} is not one for this wheel"
+    try:
+        actual = _file_sha256(wheel)
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
+    if actual != kept["sha256"]:
+        when = {"index": "the package index gave when it was downloaded", "download": "it had when it was downloaded"}
+        return f"its sha256 is not the one {when.get(str(kept.get('from')), 'it had at its first use')}, kept in {digest_path(wheel)}"
+    return None
+
+
+def index_digest(version: str, dist: Distribution = TE) -> tuple[str, str] | None:
+    """The file name and sha256 of the wheel pip would download for a release, as pip's
+    resolution report gives them (the package index's own digest where it lists one: PyPI always
+    does), without installing anything; None when the index cannot be asked or gives none."""
+    # pip only takes another interpreter's tags for a --target install, and then still checks
+    # Requires-Python against this one.
+    foreign = ("--target", "", "--ignore-requires-python") if dist.pip_tags else ()
+    with tempfile.TemporaryDirectory(prefix="index-") as tmp:
+        report = Path(tmp) / "report.json"
+        args = [a or str(Path(tmp) / "target") for a in foreign]
+        # A short bound: an index that cannot be reached leaves a kept wheel usable (its digest then
+        # kept at first use), where pip's own default here would wait minutes per try.
+        result = _pip("install", "--dry-run", "--ignore-installed", "--no-deps", "--only-binary=:all:", *args,
+                      *dist.pip_tags, "--timeout", "20", "--retries", "1", "-q", "--report", str(report),
+                      f"{dist.package}=={version}")
+        try:
+            installs = json.loads(report.read_text())["install"] if result.returncode == 0 else []
+            info = installs[0]["download_info"]
+            name = urllib.parse.unquote(info["url"].rsplit("/", 1)[-1].split("#", 1)[0])
+            sha256 = info["archive_info"]["hashes"]["sha256"]
+        except (OSError, ValueError, LookupError, TypeError, AttributeError):
+            return None
+    if len(installs) != 1 or not isinstance(sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        return None
+    return name, sha256
+
+
+def _adopt(wheel: Path, version: str, offline: bool, dist: Distribution) -> str | None:
+    """A cached wheel without a kept digest (cached before digests were kept, or put there by
+    hand): online it is checked against the index, which keeps the index's digest; where the index
+    cannot be asked, or serves another file for the release, its digest now is kept ("first use").
+    Say why it must be fetched again, or None once its digest is kept."""
+    if (damage := _wheel_damage(wheel)) is not None:
+        return damage
+    actual = _file_sha256(wheel)
+    told = None if offline else index_digest(version, dist)
+    if told is not None and told[0] == wheel.name:
+        if told[1] != actual:
+            return "its sha256 is not the one the package index gives for it"
+        _keep_digest(wheel, actual, "index")
+    else:
+        _keep_digest(wheel, actual, "first use")
+    return None
+
+
 def fetch_wheel(version: str, cache: Path, offline: bool, dist: Distribution = TE) -> Path:
-    """The cached wheel for a release, downloading it first unless offline. A damaged
-    cached wheel is deleted and fetched again; offline, it is refused with what to delete."""
+    """The cached wheel for a release, downloading it first unless offline. A cached wheel whose
+    sha256 is not the one kept when it was fetched (damaged, or rewritten) is deleted and fetched
+    again; offline, it is refused with what to delete."""
     wheels = cache / "wheels"
     pattern = f"{dist.dist_name}-{version}-*.whl"
     lock = cache / "locks" / f"wheel-{dist.package}-{version}.lock"
     existing = sorted(wheels.glob(pattern))
+    if existing and _digest_problem(existing[0]) is None:
+        return existing[0]
     if existing:
-        damage = _wheel_damage(existing[0])
-        if damage is None:
-            return existing[0]
-        if offline:
-            raise UsageError(f"cached wheel {existing[0]} is damaged ({damage}); delete it, then run without --offline")
+        wheel = existing[0]
         with file_lock(lock):
-            if existing[0].exists() and _wheel_damage(existing[0]) is not None:
-                existing[0].unlink()
+            problem = _digest_problem(wheel) if wheel.exists() else None
+            if problem == NOT_KEPT:
+                problem = _adopt(wheel, version, offline, dist)
+                if problem is None:
+                    return wheel
+            elif problem is None and wheel.exists():  # another run settled it while we waited
+                return wheel
+            if problem is not None:
+                if offline:
+                    raise UsageError(f"cached wheel {wheel} is damaged or altered: {problem}; delete it, then "
+                                     "run without --offline")
+                wheel.unlink(missing_ok=True)
+                digest_path(wheel).unlink(missing_ok=True)
     if offline:
         raise UsageError(
             f"{dist.label(version)} is not in the cache ({wheels}); run once without --offline to fetch "
@@ -178,7 +300,7 @@ def fetch_wheel(version: str, cache: Path, offline: bool, dist: Distribution = T
         )
     with file_lock(lock):
         existing = sorted(wheels.glob(pattern))
-        if existing:  # another run fetched it while we waited
+        if existing and _digest_problem(existing[0]) is None:  # another run fetched it while we waited
             return existing[0]
         wheels.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=cache) as tmp:
@@ -195,7 +317,13 @@ def fetch_wheel(version: str, cache: Path, offline: bool, dist: Distribution = T
             damage = _wheel_damage(downloaded[0])
             if damage:
                 raise UsageError(f"the downloaded wheel {downloaded[0].name} is damaged ({damage})")
+            # pip checked the file against the index's hash; its report names that hash, which is kept.
+            actual, told = _file_sha256(downloaded[0]), index_digest(version, dist)
+            if told is not None and told != (downloaded[0].name, actual):
+                raise UsageError(f"the downloaded wheel {downloaded[0].name} (sha256 {actual[:16]}) is not the file "
+                                 f"the package index lists ({told[0]}, sha256 {told[1][:16]}); run again")
             final = wheels / downloaded[0].name
+            _keep_digest(final, actual, "index" if told else "download")  # before the wheel: never one without it
             os.replace(downloaded[0], final)
     return final
 
@@ -210,31 +338,86 @@ def check_wheel_members(wheel: Path, dest: Path) -> None:
                 raise UsageError(f"wheel {wheel.name} refused: member {name!r} points outside its destination")
 
 
-def _record_digest(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+@dataclass(frozen=True)
+class ArchiveRecord:
+    """A wheel's RECORD as the archive holds it: each path with its listed digest ("" for the
+    rows listed without one, RECORD itself), those rows' bytes, compared whole, and the folders
+    the archive makes (its files' parents, and any folder it holds as a member)."""
+
+    digests: dict[str, str]
+    unhashed: dict[str, bytes]
+    folders: frozenset[str]
 
 
-def record_mismatch(root: Path, dist: Distribution = TE) -> str | None:
-    """Check an unpacked wheel against its own RECORD both ways (every listed file present with
-    the listed sha256, and no file the RECORD does not list: Python would prefer an added
-    `ops/fuser/__init__.py` to fuser.py); say what is wrong, or None when the tree is as shipped."""
-    records = list(root.glob(f"{dist.dist_name}-*.dist-info/RECORD"))
-    if len(records) != 1:
-        return "its .dist-info/RECORD is missing"
-    rows = list(csv.reader(io.StringIO(records[0].read_text(errors="replace"))))
-    listed = {Path(row[0]).as_posix() for row in rows if row}
-    for path in sorted(root.rglob("*")):
-        relative = path.relative_to(root).as_posix()
-        if (path.is_file() or path.is_symlink()) and relative not in listed:
-            return f"{relative} is not in the wheel's RECORD"
-    for row in rows:
-        if len(row) < 2 or not row[1]:
-            continue  # RECORD lists itself without a hash
-        path = root / row[0]
-        if not path.is_file() or path.is_symlink():
-            return f"{row[0]} is missing"
-        if _record_digest(path.read_bytes()) != row[1]:
-            return f"{row[0]} differs from the wheel's RECORD"
+def archive_record(wheel: Path, dist: Distribution = TE) -> ArchiveRecord | None:
+    """The RECORD inside the wheel archive (one .dist-info of this distribution), or None when
+    the archive has none or cannot be read."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = [n for n in archive.namelist()
+                     if re.fullmatch(rf"{re.escape(dist.dist_name)}-[^/]+\.dist-info/RECORD", n)]
+            if len(names) != 1:
+                return None
+            rows = [row for row in csv.reader(io.StringIO(archive.read(names[0]).decode(errors="replace"))) if row]
+            digests = {PurePosixPath(row[0]).as_posix(): (row[1] if len(row) > 1 else "") for row in rows}
+            unhashed = {name: archive.read(name) for name, digest in digests.items()
+                        if not digest and name in archive.NameToInfo}
+            members = [name.rstrip("/") for name in archive.namelist()]
+    except (zipfile.BadZipFile, OSError, EOFError, csv.Error, RuntimeError):
+        return None
+    folders = {parent.as_posix() for name in [*digests, *members] for parent in PurePosixPath(name).parents}
+    folders |= {name for name in members if name not in digests}
+    return ArchiveRecord(digests, unhashed, frozenset(folders - {"."}))
+
+
+def _entries(root: Path) -> Iterator[tuple[str, os.DirEntry[str]]]:
+    """Every entry under root with its path relative to root, not following symlinks."""
+    pending = [("", str(root))]
+    while pending:
+        prefix, directory = pending.pop()
+        with os.scandir(directory) as listing:
+            for entry in listing:
+                yield prefix + entry.name, entry
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((f"{prefix}{entry.name}/", entry.path))
+
+
+def _listed_digest(data: bytes, listed: str) -> bool:
+    algorithm, _, expected = listed.partition("=")
+    if algorithm not in ("sha256", "sha384", "sha512"):  # what wheels use; a weaker one vouches for nothing
+        return False
+    actual = base64.urlsafe_b64encode(hashlib.new(algorithm, data).digest()).rstrip(b"=").decode()
+    return actual == expected
+
+
+def record_mismatch(root: Path, record: ArchiveRecord, dist: Distribution = TE) -> str | None:
+    """Check an unpacked tree against the wheel archive's RECORD both ways: every listed file
+    present with the listed digest (a row without one byte for byte as the archive holds it), and
+    nothing the RECORD does not list (Python would prefer an added `ops/fuser/__init__.py` to
+    fuser.py). Say what is wrong, or None when the tree is as shipped."""
+    listed = record.digests
+    if any(name.startswith("/") or ".." in PurePosixPath(name).parts for name in listed):
+        return "the wheel's RECORD names a path outside the tree"
+    files: set[str] = set()
+    try:
+        for relative, entry in _entries(root):
+            if entry.is_symlink():
+                return f"{relative} is a symlink, which the wheel does not hold"
+            if entry.is_dir():
+                if relative not in record.folders:
+                    return f"{relative}/ is not in the wheel's RECORD"
+            elif not entry.is_file() or relative not in listed:
+                return f"{relative} is not in the wheel's RECORD"
+            else:
+                files.add(relative)
+        for name, digest in listed.items():
+            if name not in files:
+                return f"{name} is missing"
+            data = (root / name).read_bytes()
+            if not (_listed_digest(data, digest) if digest else data == record.unhashed.get(name)):
+                return f"{name} differs from the wheel's RECORD"
+    except OSError as exc:
+        return f"it cannot be read ({exc.strerror})"
     if not (root / dist.marker).is_file():
         return f"{dist.marker} is missing"
     return None
@@ -245,13 +428,14 @@ WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPE
 
 
 def unpack_wheel(wheel: Path, cache: Path, key: str, dist: Distribution = TE) -> Path:
-    """Unpack a wheel into cache/src/<key> once; later calls reuse the tree after checking
-    it against the wheel's RECORD, and unpack it again when it was damaged."""
+    """Unpack a wheel into cache/src/<key> once; later calls reuse the tree after checking it
+    against the RECORD inside the wheel (never the tree's own), and unpack it again when it differs."""
     final = cache / "src" / key
-    if final.is_dir() and record_mismatch(final, dist) is None:
+    record = archive_record(wheel, dist)
+    if record is not None and final.is_dir() and record_mismatch(final, record, dist) is None:
         return final
     with file_lock(cache / "locks" / f"src-{key}.lock"):
-        if final.is_dir() and record_mismatch(final, dist) is None:
+        if record is not None and final.is_dir() and record_mismatch(final, record, dist) is None:
             return final
         final.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=final.parent, prefix=f".{key}-") as tmp:
@@ -273,7 +457,9 @@ def unpack_wheel(wheel: Path, cache: Path, key: str, dist: Distribution = TE) ->
             for child in list(Path(tmp).iterdir()):
                 if child != staged:
                     child.rename(staged / child.name)
-            if (problem := record_mismatch(staged, dist)) is not None:
+            if record is None:
+                raise UsageError(f"wheel {wheel} has no readable {dist.dist_name}-*.dist-info/RECORD; delete it")
+            if (problem := record_mismatch(staged, record, dist)) is not None:
                 raise UsageError(f"wheel {wheel} does not match its own RECORD ({problem}); delete it")
             if final.exists():
                 shutil.rmtree(final)
