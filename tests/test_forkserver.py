@@ -4,11 +4,16 @@ with whoever asked for it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import select
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from harness.runner import reaper
-from harness.runner.forkserver import ADDRESS_ENV
+from harness.runner.forkserver import ADDRESS_ENV, MAX_PENDING
 from harness.runner.rundir import session_name
 from tests.conftest import REPO
 from tests.processes import alive
@@ -47,8 +52,10 @@ def _start_server(**popen: object) -> tuple[subprocess.Popen[bytes], str]:
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     process, address = _start_server()
+    # Served once: its imports are done, so no test's timing or deadline includes them.
+    _client(address, "pass", tmp_path_factory.mktemp("first")).communicate(timeout=300)
     yield process, address
     process.terminate()
     process.wait(timeout=30)
@@ -165,3 +172,197 @@ def test_no_worker_is_forked_after_cuda_was_initialized(monkeypatch: pytest.Monk
     assert fork_hazard() is None
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # as a GPU machine's would be after a CUDA call
     assert fork_hazard() == "CUDA was initialized by the imports"
+
+
+# Slow and hostile connections to the server (any process of the run's user can find its address
+# in /proc/net/unix). None of them may hold up another client's worker.
+LENGTH = struct.Struct("!Q")  # the request's 8-byte length
+
+
+def _connect(address: str) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.connect("\0" + address)
+    return conn
+
+
+def _send_header(conn: socket.socket, size: int, data: bytes | None = None, fds: int = 3) -> None:
+    """The request's first bytes (its length, or `data`) with `fds` descriptors, as a client sends them."""
+    null = [os.open(os.devnull, os.O_RDWR) for _ in range(fds)]
+    try:
+        socket.send_fds(conn, [LENGTH.pack(size) if data is None else data], null)
+    finally:
+        for fd in null:
+            os.close(fd)
+
+
+def _closed_by_server(conn: socket.socket, seconds: float) -> bool:
+    """Whether the server closes `conn` within `seconds`, without a byte of answer."""
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        if select.select([conn], [], [], left)[0]:
+            try:
+                return conn.recv(1 << 16) == b""
+            except ConnectionResetError:
+                return True
+    return False
+
+
+class _Dripper(threading.Thread):
+    """Sends each connection its bytes one a second, until told to stop or the server closes it."""
+
+    def __init__(self, drips: dict[socket.socket, bytes]) -> None:
+        super().__init__(daemon=True)
+        self.drips, self.stop = {conn: iter(data) for conn, data in drips.items()}, threading.Event()
+
+    def run(self) -> None:
+        while self.drips and not self.stop.wait(1.0):
+            for conn, data in list(self.drips.items()):
+                try:
+                    conn.send(bytes([next(data)]))
+                except (OSError, StopIteration):
+                    del self.drips[conn]
+
+
+def _worker_start_s(address: str, cwd: Path, server: int) -> float:
+    """Seconds from asking the server at `address` for a worker to the worker's first line; infinite
+    when none has answered within 30 s (a stalled server's would still be waiting)."""
+    started = time.monotonic()
+    client = _client(address, "import os; print(os.getppid(), flush=True)", cwd)
+    assert client.stdout is not None
+    if not select.select([client.stdout], [], [], 30)[0]:
+        client.kill()  # its descriptors may sit unread in a stalled server's queue: no communicate()
+        client.wait()
+        return float("inf")
+    took = time.monotonic() - started
+    out, err = client.communicate(timeout=120)
+    assert int(out) == server and client.returncode == 0, err  # forked, not the plain fallback
+    return took
+
+
+def test_slow_or_silent_clients_hold_up_no_worker_and_are_dropped(
+        server: tuple[subprocess.Popen[bytes], str], tmp_path: Path) -> None:
+    process, address = server
+    alone = _worker_start_s(address, tmp_path, process.pid)
+    silent = _connect(address)  # connects, sends nothing
+    header_drip = _connect(address)  # its length one byte a second, then its body
+    _send_header(header_drip, 0, data=LENGTH.pack(1000)[:1])
+    body_drip = _connect(address)  # a whole length, then its body one byte a second
+    _send_header(body_drip, 1000)
+    dripper = _Dripper({header_drip: LENGTH.pack(1000)[1:] + b"{" * 1000, body_drip: b"{" * 1000})
+    dripper.start()
+    try:
+        time.sleep(0.5)  # the server has all three before the client asks
+        beside = _worker_start_s(address, tmp_path, process.pid)
+        print(f"worker start: {alone:.2f} s alone, {beside:.2f} s beside three slow clients")
+        assert beside < 5, f"{beside:.1f} s for a worker beside slow clients ({alone:.1f} s alone)"
+        # Each is dropped once its time to send a request is up, however it drips.
+        for conn in (silent, header_drip, body_drip):
+            assert _closed_by_server(conn, 15), "a slow client was kept past its deadline"
+        assert process.poll() is None
+    finally:
+        dripper.stop.set()
+        for conn in (silent, header_drip, body_drip):
+            conn.close()
+
+
+def test_an_oversize_request_is_dropped_at_its_length_without_holding_up_a_worker(
+        server: tuple[subprocess.Popen[bytes], str], tmp_path: Path) -> None:
+    process, address = server
+    oversize = _connect(address)
+    _send_header(oversize, 1 << 40)  # a TiB of request
+    sent = 0
+
+    def stream() -> None:  # as fast as the server takes it, for at most 20 s
+        nonlocal sent
+        oversize.settimeout(1)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                sent += oversize.send(b" " * (1 << 16))
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    streamer = threading.Thread(target=stream, daemon=True)
+    streamer.start()
+    try:
+        time.sleep(0.5)
+        took = _worker_start_s(address, tmp_path, process.pid)
+        print(f"worker start beside an oversize request: {took:.2f} s; {sent} bytes of it sent")
+        assert took < 5, f"{took:.1f} s for a worker beside an oversize request"
+        streamer.join(timeout=5)
+        assert not streamer.is_alive(), "the oversize request was still being read"
+        assert sent < 1 << 24
+        assert process.poll() is None
+    finally:
+        oversize.close()
+
+
+def test_a_flood_of_silent_connections_makes_room_for_a_client(
+        server: tuple[subprocess.Popen[bytes], str], tmp_path: Path) -> None:
+    process, address = server
+    extra = 8
+    flood = [_connect(address) for _ in range(MAX_PENDING + extra)]
+    try:
+        time.sleep(0.5)
+        took = _worker_start_s(address, tmp_path, process.pid)
+        print(f"worker start beside {len(flood)} silent connections: {took:.2f} s")
+        assert took < 5, f"{took:.1f} s for a worker beside a flood of connections"
+        # The oldest made room for the newer ones; the server's pending requests stay bounded.
+        assert all(_closed_by_server(conn, 5) for conn in flood[:extra + 1])
+        assert process.poll() is None
+    finally:
+        for conn in flood:
+            conn.close()
+
+
+def test_a_worker_holds_no_descriptor_of_another_clients_request(
+        server: tuple[subprocess.Popen[bytes], str], tmp_path: Path) -> None:
+    # A worker holding a copy of another client's stdout would hide that client's worker's death.
+    _process, address = server
+    read, write = os.pipe()
+    waiting = _connect(address)  # its descriptors are in, its body is not
+    socket.send_fds(waiting, [LENGTH.pack(1000)], [write] * 3)
+    os.close(write)
+    time.sleep(0.5)  # the server holds them when it forks
+    client = _client(address, "import os, time; print(os.getpid(), flush=True); time.sleep(600)", tmp_path)
+    try:
+        assert client.stdout is not None
+        worker = int(client.stdout.readline())
+        pipe = f"pipe:[{os.fstat(read).st_ino}]"
+        held = [fd.name for fd in Path(f"/proc/{worker}/fd").iterdir() if os.readlink(fd) == pipe]
+        assert not held, f"the worker holds another client's descriptors: {held}"
+    finally:
+        client.kill()
+        client.wait()
+        waiting.close()
+        os.close(read)
+
+
+@pytest.mark.parametrize("request_bytes, fds", [
+    (b"not json", 3),
+    (json.dumps({"code": 1}).encode(), 3),
+    (json.dumps({"code": "pass", "env": ["A=1"]}).encode(), 3),
+    (json.dumps({"code": "pass", "env": {"A": 1}}).encode(), 3),
+    (json.dumps({"code": "pass", "cwd": 7}).encode(), 3),
+    (json.dumps({"code": "pass", "flags": "-u"}).encode(), 3),
+    (json.dumps({"code": "pass"}).encode(), 2),
+    (json.dumps({"code": "pass"}).encode(), 0),
+    (b"[" * 100_000, 3),
+], ids=["not-json", "code-not-text", "env-not-a-map", "env-value-not-text", "cwd-not-text", "flags-not-a-list",
+        "two-descriptors", "no-descriptors", "nested-too-deep"])
+def test_a_malformed_request_gets_no_worker(server: tuple[subprocess.Popen[bytes], str], request_bytes: bytes,
+                                            fds: int, tmp_path: Path) -> None:
+    process, address = server
+    before = set(reaper._children_of(process.pid))
+    conn = _connect(address)
+    try:
+        _send_header(conn, len(request_bytes), fds=fds)
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # refused at its length already
+            conn.sendall(request_bytes)
+        assert _closed_by_server(conn, 5), "a malformed request was answered"
+        assert set(reaper._children_of(process.pid)) <= before
+        assert _worker_start_s(address, tmp_path, process.pid) < 30  # still serving, not ended by what it read
+    finally:
+        conn.close()

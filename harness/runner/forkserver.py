@@ -15,13 +15,17 @@ What held for a worker started by xdist still holds for a forked one:
   kills every descendant;
 - only a peer of this server's own user gets a worker (SO_PEERCRED); the address is an
   abstract socket, so nothing is written to the file system;
+- no connection holds up another's worker: every request is read a piece at a time as it
+  arrives, and one not complete within `REQUEST_DEADLINE_S`, larger than `MAX_REQUEST_BYTES`
+  or malformed is dropped without a fork (its client then starts the plain worker);
 - where the imports set up an accelerator's runtime, which a fork does not carry (`fork_hazard`),
   the server says why in its log (sessions/forkserver.log) and ends: the clients then start
   their workers themselves.
 
 Protocol, one connection per worker: the client sends its stdin, stdout and stderr (SCM_RIGHTS)
 with an 8-byte length, then that many bytes of JSON {"code", "env", "cwd", "flags"}; the server
-answers {"pid": N}\\n once the worker is forked, and {"exit": STATUS}\\n when it has ended.
+answers {"pid": N}\\n once the worker is forked, and {"exit": STATUS}\\n when it has ended. The env
+maps text to text, the cwd is text, the flags a list of text; each may be left out.
 """
 
 from __future__ import annotations
@@ -40,14 +44,25 @@ import socket
 import struct
 import sys
 import tempfile
+import time
 import traceback
 import types
+from dataclasses import dataclass, field
 from typing import Any
 
 from harness.runner import lifetime, reaper
 
 ADDRESS_ENV = "REPRO_FORKSERVER"  # the abstract socket's name, for the sessions' clients
 HEADER = struct.Struct("!Q")
+# A client sends its whole request as soon as it connects; these bound what a slow, silent or hostile
+# connection (any process of the run's user can find the address in /proc/net/unix) may hold.
+REQUEST_DEADLINE_S = 10.0
+# A request is xdist's one-line bootstrap and an environment, which exec bounds (ARG_MAX, 2 MiB with
+# an 8 MiB stack): a few KB in a run. A larger one is refused, and its client starts the plain worker.
+MAX_REQUEST_BYTES = 4 << 20
+MAX_PENDING = 64  # connections without a worker yet; the oldest is dropped for a new one
+MAX_REFUSALS_LOGGED = 100  # the log is held in memory (sessions/forkserver.log): a flood of refusals is counted
+_CHUNK = 1 << 16
 
 
 # What every worker imports before its target: torch above all (a second of CPU a worker), pytest and
@@ -76,27 +91,36 @@ def fork_hazard() -> str | None:
     return None
 
 
-def _read_request(conn: socket.socket) -> tuple[dict[str, Any], list[int]]:
-    """The client's three descriptors and its request."""
-    header, fds, _flags, _address = socket.recv_fds(conn, HEADER.size, 3)
-    try:
-        if len(header) != HEADER.size or len(fds) != 3:
-            raise ValueError("a request is 8 bytes of length with three descriptors")
-        size, = HEADER.unpack(header)
-        body = b""
-        while len(body) < size:
-            part = conn.recv(size - len(body))
-            if not part:
-                raise ValueError("the request ended early")
-            body += part
-        request = json.loads(body)
-        if not isinstance(request, dict) or not isinstance(request.get("code"), str):
-            raise TypeError("the request has no code to run")
-        return request, fds
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
+def _parse_request(body: bytes) -> dict[str, Any]:
+    """The request in `body`, checked for what the worker will use: a forked child that fails on
+    a malformed field would fail after its fork, as a worker."""
+    request = json.loads(body)
+    if not isinstance(request, dict) or not isinstance(request.get("code"), str):
+        raise TypeError("the request has no code to run")
+    env, cwd, flags = request.get("env", {}), request.get("cwd"), request.get("flags", [])
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise TypeError("the request's env is not a map of text to text")
+    if cwd is not None and not isinstance(cwd, str):
+        raise TypeError("the request's cwd is not text")
+    if not isinstance(flags, list) or not all(isinstance(f, str) for f in flags):
+        raise TypeError("the request's flags are not a list of text")
+    return request
+
+
+@dataclass
+class _Pending:
+    """A connection's request, as far as it has arrived."""
+
+    deadline: float
+    data: bytearray = field(default_factory=bytearray)
+    fds: list[int] = field(default_factory=list)
+    size: int | None = None  # the body's, once the header is in
+
+    def close_fds(self) -> None:
+        for fd in self.fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.fds.clear()
 
 
 def _become_worker(request: dict[str, Any], fds: list[int], keep_out: list[int], server: int) -> None:
@@ -151,55 +175,106 @@ def _become_worker(request: dict[str, Any], fds: list[int], keep_out: list[int],
 
 
 class Server:
-    """The accept, fork and reap loop."""
+    """The accept, fork and reap loop. It never waits on one client: every socket is
+    non-blocking, and a request is read in pieces as they arrive."""
 
     def __init__(self, listener: socket.socket, wakeup: tuple[int, int]) -> None:
         self.listener = listener
+        self.listener.setblocking(False)
         self.wakeup, self.wakeup_write = wakeup
         self.selector = selectors.DefaultSelector()
         self.selector.register(listener, selectors.EVENT_READ)
         self.selector.register(self.wakeup, selectors.EVENT_READ)
         self.workers: dict[int, socket.socket] = {}  # pid -> its client's connection
-        self.pending: set[socket.socket] = set()  # connected, no worker yet
+        self.pending: dict[socket.socket, _Pending] = {}  # connected, no worker yet
+        self.refused = 0
 
     def serve(self) -> None:
         while True:
-            for key, _events in self.selector.select():
+            timeout = None
+            if self.pending:
+                timeout = max(0.0, min(p.deadline for p in self.pending.values()) - time.monotonic())
+            for key, _events in self.selector.select(timeout):
                 if key.fileobj is self.listener:
                     self._accept()
                 elif key.fileobj == self.wakeup:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self.wakeup, 512)
                     self._reap()
-                else:
-                    self._from_client(key.fileobj, key.data)  # type: ignore[arg-type]
+                # An event of this batch may be for a connection an earlier one dropped (its pid reaped).
+                elif isinstance(key.data, _Pending):
+                    if self.pending.get(key.fileobj) is key.data:  # type: ignore[call-overload]
+                        self._read(key.fileobj, key.data)  # type: ignore[arg-type]
+                elif self.workers.get(key.data) is key.fileobj:
+                    self._client_gone(key.fileobj, key.data)  # type: ignore[arg-type]
+            now = time.monotonic()
+            for conn, late in [(c, p) for c, p in self.pending.items() if p.deadline <= now]:
+                self._refuse(conn, late, f"not complete within {REQUEST_DEADLINE_S:g} s")
 
     def _accept(self) -> None:
-        conn, _ = self.listener.accept()
+        try:
+            conn, _ = self.listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:  # out of descriptors, for one: the oldest request gives its back
+            os.write(2, f"repro fork server: no connection accepted: {exc}\n".encode())
+            if self.pending:
+                self._refuse(*min(self.pending.items(), key=lambda item: item[1].deadline), "dropped for a new one")
+            return
         creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
         _pid, uid, _gid = struct.unpack("3i", creds)
         if uid != os.getuid():  # another user's process: no worker, no answer
             conn.close()
             return
-        self.pending.add(conn)
-        self.selector.register(conn, selectors.EVENT_READ, None)
+        if len(self.pending) >= MAX_PENDING:  # the oldest has had longest to send: a client sends at once
+            self._refuse(*min(self.pending.items(), key=lambda item: item[1].deadline), "dropped for a new one")
+        conn.setblocking(False)
+        self.pending[conn] = _Pending(time.monotonic() + REQUEST_DEADLINE_S)
+        self.selector.register(conn, selectors.EVENT_READ, self.pending[conn])
 
-    def _from_client(self, conn: socket.socket, pid: int | None) -> None:
-        if pid is not None:  # the client went away (it only ever waits): its worker goes too
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            self._drop(conn)
-            return
-        self.pending.discard(conn)
+    def _read(self, conn: socket.socket, pending: _Pending) -> None:
+        """What has arrived of `conn`'s request, never more than the request: bytes after it stay
+        unread, and are read as the client's going once it has its worker."""
+        want = HEADER.size - len(pending.data) if pending.size is None else HEADER.size + pending.size - len(pending.data)
         try:
-            conn.settimeout(10)
-            request, fds = _read_request(conn)
-        except (OSError, ValueError, TypeError) as exc:
-            os.write(2, f"repro fork server: a request refused: {exc}\n".encode())
-            self._drop(conn)
+            data, fds, flags, _address = socket.recv_fds(conn, min(want, _CHUNK), 3)
+        except (BlockingIOError, InterruptedError):
             return
-        keep_out = [self.listener.fileno(), self.wakeup, self.wakeup_write, self.selector.fileno(),
-                    *(c.fileno() for c in (*self.workers.values(), *self.pending, conn))]
+        except OSError as exc:
+            self._refuse(conn, pending, str(exc))
+            return
+        pending.fds += fds
+        if flags & socket.MSG_CTRUNC or len(pending.fds) > 3:
+            self._refuse(conn, pending, "more than three descriptors")
+            return
+        if not data:
+            self._refuse(conn, pending, "the request ended early")
+            return
+        pending.data += data
+        if pending.size is None and len(pending.data) == HEADER.size:
+            pending.size, = HEADER.unpack(pending.data)
+            if len(pending.fds) != 3:
+                self._refuse(conn, pending, "a request is 8 bytes of length with three descriptors")
+                return
+            if pending.size > MAX_REQUEST_BYTES:
+                self._refuse(conn, pending, f"{pending.size} bytes, more than {MAX_REQUEST_BYTES}")
+                return
+        if pending.size is None or len(pending.data) < HEADER.size + pending.size:
+            return
+        try:
+            request = _parse_request(bytes(pending.data[HEADER.size:]))
+        except (ValueError, TypeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+            self._refuse(conn, pending, str(exc))
+            return
+        del self.pending[conn]
+        self._fork(conn, request, pending.fds)
+
+    def _fork(self, conn: socket.socket, request: dict[str, Any], fds: list[int]) -> None:
+        # Other clients' connections and the descriptors of their requests are not the worker's:
+        # a copy of another client's stdout would hide that client's worker's death from its controller.
+        keep_out = [self.listener.fileno(), self.wakeup, self.wakeup_write, self.selector.fileno(), conn.fileno(),
+                    *(c.fileno() for c in self.workers.values()),
+                    *(fd for c, p in self.pending.items() for fd in (c.fileno(), *p.fds))]
         server = os.getpid()
         worker = os.fork()
         if worker == 0:
@@ -209,6 +284,23 @@ class Server:
         self.workers[worker] = conn
         self.selector.modify(conn, selectors.EVENT_READ, worker)
         self._send(conn, {"pid": worker})
+
+    def _client_gone(self, conn: socket.socket, pid: int) -> None:
+        """The client only ever waits: anything read from it now means it went away (or broke the
+        protocol), and its worker goes too."""
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self._drop(conn)
+
+    def _refuse(self, conn: socket.socket, pending: _Pending, why: str) -> None:
+        self.refused += 1
+        if self.refused <= MAX_REFUSALS_LOGGED:
+            os.write(2, f"repro fork server: a request refused: {why}\n".encode())
+        elif self.refused == MAX_REFUSALS_LOGGED + 1:
+            os.write(2, b"repro fork server: more requests refused; no more are logged\n")
+        self.pending.pop(conn, None)
+        pending.close_fds()
+        self._drop(conn)
 
     def _reap(self) -> None:
         while True:
