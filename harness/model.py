@@ -114,6 +114,9 @@ class CaseResult(BaseModel):
     attributed_to: str | None = None  # the catalogue regression whose symptom the failure is, when not this one
     symptom: bool | None = None  # the predicted symptom of the case's own regression was observed, whatever the role
     note: str | None = None
+    # Where the reference side came from when the judge did not compute it (Megatron's block: the
+    # target's worker, whose reference the judge cannot vouch for); None: the judge computed it.
+    reference_from: str | None = None
     coverage_gap: str | None = None  # a not-applicable case the tree may hold under another name (the verdict says so)
     duration_s: float = 0.0
     # Whether `repro show --script --standalone` can write this case's steps, and why not.

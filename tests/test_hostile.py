@@ -1385,3 +1385,84 @@ class TestRunFilesAndTreesAreNamedOnce:
         assert (tree_digest(partial_run), tree_digest(other)) == before and not summary.exists()
         result = cli("report", str(partial_run), "-o", str(tmp_path / "report.md"))  # outside any run dir: written
         assert result.returncode == 0 and (tmp_path / "report.md").is_file(), result.stderr
+
+
+# At import, a tree makes its worker send its own side as the reference of every case that ran.
+REFERENCE_FORGER = """
+import importlib as _importlib
+_records = _importlib.import_module("harness.runner.records")
+_observe = _records.observe
+def _own_reference(*args, **kwargs):
+    raw = _observe(*args, **kwargs)
+    if isinstance(raw.get("test"), dict):
+        raw["reference"] = raw["test"]
+    return raw
+_records.observe = _own_reference
+"""
+# ... and its RMSNorm is off by 1.5: a wrong output its own reference would hide.
+RMSNORM_OFF = """
+from transformer_engine.pytorch.ops.basic import rmsnorm as _rmsnorm
+_forward = _rmsnorm.RMSNorm.op_forward
+_rmsnorm.RMSNorm.op_forward = lambda self, *a, **k: _forward(self, *a, **k) * 1.5
+"""
+
+
+class TestReferencesAreNotTheWorkers:
+    """A reference never comes from the code under test: a scenario's reference and a Megatron norm's
+    are computed by the judge, and the reference side a worker sends is not used for them."""
+
+    def test_a_scenario_reference_the_worker_sends_is_not_used(self, fork: Path, tmp_path: Path) -> None:
+        _fork_with(fork, REFERENCE_FORGER, "transformer_engine/pytorch/__init__.py")
+        (fork / ".te-repro.toml").write_text('[expect]\nextra_state_pickle = "fixed"\n')
+        out = tmp_path / "run"
+        result = cli("run", "--matrix", "extra_state_pickle", "--only", "pipeline=rmsnorm", "-n", "1",
+                     "--target", f"path:{fork}", "--out", str(out))
+        run = json.loads((out / "run.json").read_text())
+        crafted = [r for r in run["results"] if r["checkpoint"] == "crafted_pickle"]
+        # 2.13.0 runs the crafted pickle's payload: the judge's reference, which never ran it, says so,
+        # on a tree declared fixed (on today's code: "fixed", the run PASS).
+        assert [(r["verdict"], r["symptom"]) for r in crafted] == [("regression", True)], crafted
+        assert crafted[0]["details"]["observations"] == ["payload_executed: True, reference False"]
+        assert {r["verdict"] for r in run["results"] if r["checkpoint"] == "round_trip"} == {"unaffected"}
+        assert result.returncode == 1 and run["summary"]["status"] == "FAIL", run["summary"]
+
+    def test_the_judge_reads_no_reference_a_worker_sends_for_a_trial(self) -> None:
+        from cases.case import Case
+        from harness.engine import reference, wire
+        from harness.model import Role
+        from harness.runner.records import judged
+
+        case = Case.from_id("extra_state_pickle:rmsnorm-crafted_pickle")
+        side = wire.unpack(reference.reference_side(case))
+        assert side["observed"] == {"payload_executed": False}
+        side["observed"] = {"payload_executed": True}  # the payload ran on the target's side
+        raw = {"test": wire.pack(side), "reference": wire.pack(side), "error": None, "label": "steps"}
+        record = judged(case, "te-2.13.0", Role.UNPATCHED, raw, None, "2.13.0")
+        assert (record["outcome"], record["verdict"]) == ("side_effect", "reproduced"), record["details"]
+        assert record.get("reference_from") is None
+
+    def test_a_megatron_block_record_says_its_reference_came_from_the_target(self) -> None:
+        from cases.case import Case
+        from harness.engine import reference, wire
+        from harness.model import Role
+        from harness.runner.records import judged
+
+        block = Case.from_id("issue22:megatron_block-fused_residual_rmsnorm-enabled-non_leaf-trainable-full_block-"
+                             "single-dense-float32-cpu")
+        assert not reference.independent(block)
+        side = wire.pack({"outputs": [], "requires_grad": [], "before": {}, "after": {}, "grads": {}})
+        record = judged(block, "te-2.13.0", Role.UNPATCHED, {"test": side, "reference": side, "error": None}, None,
+                        "2.13.0")
+        assert "the judge cannot vouch" in record["reference_from"], record
+
+    def test_a_megatron_norm_reference_the_worker_sends_is_not_used(self, fork: Path, tmp_path: Path) -> None:
+        _fork_with(fork, REFERENCE_FORGER + RMSNORM_OFF, "transformer_engine/pytorch/__init__.py")
+        out = tmp_path / "run"
+        cli("run", "--matrix", "issue22", "--only", "client=megatron_norm", "--only", "grad_mode=enabled",
+            "--only", "input=leaf,non_leaf", "--only", "recompute=none", "--only", "sequence=single",
+            "--only", "dtype=float32", "--only", "params=trainable", "--only", "grad_form=dense", "-n", "1",
+            "--target", f"path:{fork}", "--out", str(out))
+        results = json.loads((out / "run.json").read_text())["results"]
+        assert results and all("outputs" in r["failed_checks"] for r in results if r["outcome"] != "crash"), \
+            [(r["case_id"], r["outcome"], r["note"]) for r in results]
+        assert any(r["outcome"] == "wrong_output" for r in results)

@@ -48,8 +48,11 @@ def _trial(case, target: Any) -> Trial:
         seen["marker"] = getattr(module, "_toy_marker", None)
         return (module(torch.ones(2, 2) * float(case.scale)),)
 
-    return Trial(test=Steps(test, observed=seen),
-                 reference=Steps(lambda: (torch.ones(2, 2) * float(case.scale),), observed={"marker": "present"}))
+    return Trial(test=Steps(test, observed=seen))
+
+
+def _reference(case) -> Steps:
+    return Steps(lambda: (torch.ones(2, 2) * float(case.scale),), observed={"marker": "present"})
 
 
 REGRESSION = Regression(
@@ -63,7 +66,7 @@ REGRESSION = Regression(
     presets={"default": {"scale": ("1", "2")}},
     default_targets=("te-2.13.0", "te-2.13.0+toy_marker"),
     scenario=Scenario("toy_steps", "build Sequential(Identity), read a marker, call it", {"scale": ("1", "2")},
-                      trial=_trial),
+                      trial=_trial, reference=_reference),
 )
 '''
 
@@ -171,13 +174,14 @@ def test_trial_puts_back_what_a_scenario_changed() -> None:
             os.environ["TE_REPRO_TOY_LEAK"] = "1"
             raise RuntimeError("boom")
 
-        return Trial(test=Steps(test), reference=Steps(lambda: (torch.ones(1),)), cleanup=lambda: cleaned.append(True))
+        return Trial(test=Steps(test), cleanup=lambda: cleaned.append(True))
 
     class Target:  # what run_trial reads of a loaded target
         te_dir = None
         prepared = types.SimpleNamespace(version="2.13.0")
 
-    scenario = Scenario("leaky", "changes process state", {"x": ("1",)}, trial=leaky)
+    scenario = Scenario("leaky", "changes process state", {"x": ("1",)}, trial=leaky,
+                        reference=lambda case: Steps(lambda: (torch.ones(1),)))
     record = run_trial(Case("issue22", *(values[0] for values in REGRESSIONS["issue22"].axes.values())), Target(),
                        scenario)
     assert torch.is_grad_enabled() and "TE_REPRO_TOY_LEAK" not in os.environ and cleaned == [True]

@@ -20,7 +20,7 @@ from cases.case import Case
 from cases.pipelines import HIDDEN, PIPELINES
 from cases.regression import Regression, Rule, Symptom
 from cases.releases import Releases
-from cases.scenario import Scenario, Steps, Trial
+from cases.scenario import Scenario, Steps, Trial, case_generator
 
 if TYPE_CHECKING:  # torch where a case runs: the CLI reads the catalogue without it
     import torch
@@ -51,17 +51,29 @@ def _checkpoint(state: dict[str, torch.Tensor], kind: str) -> dict[str, torch.Te
     return {k: crafted_extra_state() if k.endswith("_extra_state") else v for k, v in state.items()}
 
 
+def _values(case: Case) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The saved module's parameters (not the defaults, so a load that drops them shows) and the
+    input, the same on both sides: drawn from the case's own generator."""
+    import torch
+
+    g = case_generator(case)
+    params = [1 + 0.1 * torch.randn(*shape, generator=g) for _, shape in PIPELINES[case.pipeline].params]
+    return params, torch.randn(4, HIDDEN, generator=g)
+
+
 def _trial(case: Case, target: Any) -> Trial:
+    """The target's side: a module saved with the case's parameters, its checkpoint made, loaded
+    into a fresh module, which is called."""
     import torch
 
     pipeline = PIPELINES[case.pipeline]
     build = target.ops["Sequential"]
     saved = build(*pipeline.build(target.ops, {"device": "cpu", "dtype": torch.float32}))
+    values, x = _values(case)
     with torch.no_grad():
-        for p in saved.parameters():
-            p.copy_(torch.randn_like(p))  # not the defaults, so a load that drops them shows
+        for p, value in zip(saved.parameters(), values, strict=True):
+            p.copy_(value)
     checkpoint = _checkpoint(saved.state_dict(), case.checkpoint)
-    x = torch.randn(4, HIDDEN)
     test_observed: dict[str, Any] = {}
 
     def test() -> tuple[torch.Tensor, ...]:
@@ -74,15 +86,15 @@ def _trial(case: Case, target: Any) -> Trial:
             out = module(x.clone())
         return out if isinstance(out, tuple) else (out,)
 
-    params = [v for k, v in checkpoint.items() if not k.endswith("_extra_state")]
+    return Trial(test=Steps(test, observed=test_observed), cleanup=_EXECUTED.clear)
 
-    def reference() -> tuple[torch.Tensor, ...]:
-        # Plain PyTorch keeps a module's extra state as data: loading never runs it.
-        return pipeline.reference(x.clone(), (), params)
 
-    return Trial(test=Steps(test, observed=test_observed),
-                 reference=Steps(reference, observed={"payload_executed": False}),
-                 cleanup=_EXECUTED.clear)
+def _reference(case: Case) -> Steps:
+    """Plain PyTorch keeps a module's extra state as data: loading never runs it, and the loaded
+    module computes the pipeline's reference with the saved parameters."""
+    values, x = _values(case)
+    return Steps(lambda: PIPELINES[case.pipeline].reference(x.clone(), (), values),
+                 observed={"payload_executed": False})
 
 
 def _standalone(case: Case, target: str) -> str:
@@ -139,6 +151,7 @@ STATE_DICT_LOAD = Scenario(
     "into a fresh module, which is then called; the reference keeps extra state as data",
     axes={"pipeline": ("rmsnorm", "fused_residual_rmsnorm"), "checkpoint": ("round_trip", "crafted_pickle")},
     trial=_trial,
+    reference=_reference,
     standalone=_standalone,
 )
 

@@ -20,7 +20,7 @@ from cases.case import Case
 from cases.pipelines import HIDDEN
 from cases.regression import Regression, Rule, Symptom
 from cases.releases import Releases
-from cases.scenario import Scenario, Steps, Trial
+from cases.scenario import Scenario, Steps, Trial, case_generator
 
 if TYPE_CHECKING:  # torch where a case runs: the CLI reads the catalogue without it
     import torch
@@ -45,7 +45,7 @@ def _trial(case: Case, target: Any) -> Trial:
     te = importlib.import_module("transformer_engine.pytorch")
     op_class = _op_class(case, target)
     recipe = importlib.import_module("transformer_engine.common.recipe").DelayedScaling()
-    x = torch.randn(4, HIDDEN)
+    x = _input(case)
 
     def test() -> tuple[torch.Tensor, ...]:
         scope = (_model_init(te)(enabled=True, recipe=recipe) if case.init == "model_init"
@@ -55,7 +55,19 @@ def _trial(case: Case, target: Any) -> Trial:
         with torch.no_grad():  # outside an autocast Quantize passes its input through
             return (target.ops["Sequential"](op)(x.clone()),)
 
-    return Trial(test=Steps(test), reference=Steps(lambda: (x.clone(),)))
+    return Trial(test=Steps(test))
+
+
+def _input(case: Case) -> torch.Tensor:
+    import torch
+
+    return torch.randn(4, HIDDEN, generator=case_generator(case))
+
+
+def _reference(case: Case) -> Steps:
+    """Outside an autocast an op built whole passes its input through."""
+    x = _input(case)
+    return Steps(lambda: (x.clone(),))
 
 
 def _applicable(case: Case, target: Any) -> str | None:
@@ -74,6 +86,7 @@ CONSTRUCT_UNDER_RECIPE = Scenario(
     "(or outside it: the control), then called outside any autocast; the reference passes the input through",
     axes={"op": ("quantize", "identity"), "init": ("none", "model_init")},
     trial=_trial,
+    reference=_reference,
     applicable=_applicable,
 )
 

@@ -97,8 +97,8 @@ def _compute_dtype(case: Case) -> torch.dtype | None:
 
 def compared(case: Case, raw: dict[str, Any], reference: dict[str, Any], version: str) -> dict[str, Any]:
     """A case's observed fields from the target's raw observation and the reference's.
-    `raw`: the worker's, with its `test` side (and a `reference` side when the reference ran
-    beside the target, as Megatron's and a scenario's own do), the `error` that ended the test
+    `raw`: the worker's, with its `test` side (and a `reference` side where the reference needs
+    the target, Megatron's block's; harness.engine.reference), the `error` that ended the test
     side, and the observed fields it brings (`fields`: only those harness.engine.message allows,
     so none can set an outcome, a target or a case id); `reference`: a side, or its `error`."""
     started = time.perf_counter()

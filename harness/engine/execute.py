@@ -2,10 +2,11 @@
 call (harness.engine.calls), sent raw to the judge (harness.engine.compare), which compares it
 with the reference outside this process.
 
-A te.ops pipeline's reference is plain PyTorch, computed by the run's judge from the
-same values (harness.engine.reference); the parameters of the target's pipeline are set to
-those values here. A Megatron client's reference (plain torch for the norm, the same block
-without recompute) needs the target, so it runs here too, as a second raw side.
+A te.ops pipeline's reference, and Megatron's norm's, are plain PyTorch, computed by the run's
+judge from the same values (harness.engine.reference); the parameters of the target's pipeline
+are set to those values here. Megatron's block's reference (the same block without recompute)
+needs the target, so it runs here too, as a second raw side, which its record names as the
+target's (the judge cannot vouch for it).
 """
 
 from __future__ import annotations
@@ -155,7 +156,9 @@ def megatron_checkpoint(case: Case) -> calls.Wrapper | None:
 
 def observe_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
     """The target's raw observation of one call case: its side (packed), the error that ended it,
-    the fused ops that ran; for a Megatron client also the reference's side, run first."""
+    the fused ops that ran; for Megatron's block also the reference's side, run first."""
+    from harness.engine.reference import independent
+
     started = time.perf_counter()
     seed = calls.case_seed(case)
     seeding.manual_seed(seed)  # what TE's and Megatron's constructors draw, the same on every run
@@ -175,10 +178,12 @@ def observe_case(case: Case, target: LoadedTarget) -> dict[str, Any]:
         subject = megatron_subject(case, target, seed)
         shape, test, params, describe = subject.input_shape, subject.test, subject.params, subject.describe_error
         modules = subject.modules
-        values, residual = calls.input_values(case, shape, dtype)
-        reference, ref_error = calls.observe_side(case, subject.reference, calls.make_inputs(case, values, residual),
-                                                  subject.reference_params, megatron)
-        raw["reference"] = {"error": error_record(ref_error, None)} if ref_error else wire.pack(reference)
+        if not independent(case):  # the block's: the judge computes the norm's
+            values, residual = calls.input_values(case, shape, dtype)
+            reference, ref_error = calls.observe_side(case, subject.reference,
+                                                      calls.make_inputs(case, values, residual),
+                                                      subject.reference_params, megatron)
+            raw["reference"] = {"error": error_record(ref_error, None)} if ref_error else wire.pack(reference)
     if case.client == "ops" and PIPELINES[case.pipeline].generated:
         raw["unfused"] = _unfused_side(case, target, shape, dtype)
     values, residual = calls.input_values(case, shape, dtype)
@@ -201,10 +206,11 @@ def _unfused_side(case: Case, target: LoadedTarget, shape: Any, dtype: torch.dty
 
 
 def reference_for(case: Case, raw: dict[str, Any]) -> dict[str, Any]:
-    """The reference side for a raw observation: the one it brought, else plain PyTorch's."""
-    from harness.engine.reference import reference_side
+    """The reference side for a raw observation: plain PyTorch's where it needs no target, else
+    the one it brought (Megatron's block)."""
+    from harness.engine.reference import independent, reference_side
 
-    return raw["reference"] if "reference" in raw else reference_side(case)
+    return reference_side(case) if independent(case) else raw["reference"]
 
 
 def run_case(case: Case, target: LoadedTarget) -> dict[str, Any]:

@@ -3,8 +3,9 @@
 The worker imports the target, so each message it sends may be the target's own choice. A
 message is one of three kinds, each with the fields it may name, and nothing else:
 
-- sides: the target's side of a case (`test`; a `reference` and an `unfused` side where they
-  run beside it), the `error` that ended it, the scenario's `label` and `note`, `duration_s`,
+- sides: the target's side of a case (`test`; an `unfused` side where it runs beside it, and a
+  `reference` side that the judge reads only where the reference needs the target, Megatron's
+  block's: harness.engine.reference), the `error` that ended it, the scenario's `label` and `note`, `duration_s`,
   the process state the case changed (`state_changes`), and `fields`: what the judge copies
   into the record as observed (the fused ops that ran, the device calls answered, a scenario's
   observations, a Megatron crash's frames);

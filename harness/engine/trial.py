@@ -1,6 +1,7 @@
-"""Run a regression's own scenario (cases/scenario.py): the reference's steps, then the
-target's, both sent raw and compared by the judge the way the call scenario is
-(harness.engine.compare), outside the target's process.
+"""Run a regression's own scenario (cases/scenario.py): the target's steps in the worker that
+loaded it, sent raw; the reference's steps, built from the case alone, where the judge runs them,
+in a process that never imported a target (harness.engine.reference); the two compared by the
+judge the way the call scenario is (harness.engine.compare).
 
 Recorded: completion with the innermost TE frame, the outputs, the gradients of the
 declared parameters, the caller's tensors (also when a crash follows), and each of the
@@ -62,8 +63,8 @@ def _side(steps: Steps) -> tuple[dict[str, Any], Exception | None]:
 
 
 def observe_trial(case: Case, target: Any, scenario: Scenario) -> dict[str, Any]:
-    """The raw observation of one case of a scenario with its own steps: the reference's side and
-    the target's, both run here (the trial builds them together), judged outside this process."""
+    """The raw observation of one case of a scenario with its own steps: the target's side, run
+    here, judged outside this process against the reference the judge runs (`reference_side`)."""
     assert scenario.trial is not None
     started = time.perf_counter()
     seeding.manual_seed(calls.case_seed(case))
@@ -72,11 +73,8 @@ def observe_trial(case: Case, target: Any, scenario: Scenario) -> dict[str, Any]
     with process_state_kept(left_behind):
         trial = scenario.trial(case, target)
         try:
-            reference, ref_error = _side(trial.reference)
-            raw["reference"] = {"error": error_record(ref_error, None)} if ref_error else wire.pack(reference)
-            if ref_error is None:
-                test, error = _side(trial.test)
-                raw.update(test=wire.pack(test), error=error_record(error, target.te_dir) if error else None)
+            test, error = _side(trial.test)
+            raw.update(test=wire.pack(test), error=error_record(error, target.te_dir) if error else None)
         finally:
             trial.cleanup()
     raw["note"] = f"the scenario left {'; '.join(left_behind)} changed (put back)" if left_behind else None
@@ -85,7 +83,17 @@ def observe_trial(case: Case, target: Any, scenario: Scenario) -> dict[str, Any]
     return raw
 
 
+def reference_side(case: Case, scenario: Scenario) -> dict[str, Any]:
+    """The reference's side of one trial case, packed, or {"error": ...} when it failed itself: the
+    scenario's reference steps, built from the case alone (no target), under the process's state
+    put back afterwards (the judge's process goes on judging)."""
+    assert scenario.reference is not None
+    with process_state_kept([]):
+        side, error = _side(scenario.reference(case))
+    return {"error": error_record(error, None)} if error is not None else wire.pack(side)
+
+
 def run_trial(case: Case, target: Any, scenario: Scenario) -> dict[str, Any]:
-    """Observe and judge one trial case in this process (tests); a run judges in the controller."""
+    """Observe and judge one trial case in this process (tests); a run judges in the runner."""
     raw = wire.unpack(observe_trial(case, target, scenario))
-    return compare.compared(case, raw, raw["reference"], target.prepared.version)
+    return compare.compared(case, raw, wire.unpack(reference_side(case, scenario)), target.prepared.version)

@@ -27,17 +27,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from harness.engine import seeding
 from harness.errors import UsageError
 from harness.megatron.loader import LoadedMegatron
+from harness.megatron.norm_reference import EPS, HIDDEN, INPUT_SHAPE, SEQ, norm_reference, norm_weight
 from harness.targets.loader import LoadedTarget
 
 CLIENTS = ("megatron_norm", "megatron_block")
 # Megatron's own recompute settings for the block: name -> (granularity, method).
 BLOCK_RECOMPUTES = {"full_block": ("full", "block"), "full_uniform": ("full", "uniform"), "none": (None, None)}
-HIDDEN, SEQ, BATCH = 32, 8, 2
 HEADS, KV_LORA_RANK, QK_HEAD_DIM, QK_POS_DIM, V_HEAD_DIM = 2, 16, 16, 8, 16
 
 
@@ -94,7 +93,7 @@ def _config(megatron: LoadedMegatron, dtype: torch.dtype, recompute: str, **over
         "use_cpu_initialization": True, "params_dtype": dtype, "bf16": dtype == torch.bfloat16,
         "pipeline_dtype": dtype, "hidden_dropout": 0.0, "attention_dropout": 0.0, "add_bias_linear": False,
         "gradient_accumulation_fusion": False, "bias_dropout_fusion": False, "apply_rope_fusion": False,
-        "masked_softmax_fusion": False, "persist_layer_norm": False,
+        "masked_softmax_fusion": False, "persist_layer_norm": False, "layernorm_epsilon": EPS,
     }
     fields.update(overrides)
     with warnings.catch_warnings():  # 0.19 warns that its own default cuda_graph_scope is deprecated
@@ -106,24 +105,19 @@ def _clone_params(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     return {n: p.detach().clone().requires_grad_(p.requires_grad) for n, p in module.named_parameters()}
 
 
-def _norm(megatron: LoadedMegatron, dtype: torch.dtype, device: str) -> ClientParts:
+def _norm(megatron: LoadedMegatron, dtype: torch.dtype, device: str, seed: int) -> ClientParts:
     config = _config(megatron, dtype, "none")
     te_norm = megatron.module("extensions.transformer_engine").TENorm
     module = te_norm(config, HIDDEN, has_residual=True).to(device)
-    with torch.no_grad():  # a gamma that is not all ones, so a dropped weight shows
-        module.weight.copy_(torch.rand_like(module.weight) + 0.5)
+    with torch.no_grad():  # the case's weight, which the judge's reference draws too
+        module.weight.copy_(norm_weight(seed, dtype, device))
     ref_params = _clone_params(module)
-
-    def reference(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        weight = ref_params["weight"]
-        y = F.rms_norm(x.float(), (HIDDEN,), weight.float(), module.eps).to(x.dtype)
-        return y, x
 
     def test(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         return _as_tuple(module(x))
 
-    return ClientParts("megatron_norm", test, reference, dict(module.named_parameters()), ref_params,
-                       (SEQ, BATCH, HIDDEN), f"{type(module).__module__}.{type(module).__qualname__}"
+    return ClientParts("megatron_norm", test, norm_reference(ref_params["weight"]), dict(module.named_parameters()),
+                       ref_params, INPUT_SHAPE, f"{type(module).__module__}.{type(module).__qualname__}"
                        f"(has_residual=True) -> (normalized, residual); reference: torch rms_norm",
                        {"norm": module})
 
@@ -175,7 +169,7 @@ def _block(megatron: LoadedMegatron, dtype: torch.dtype, device: str, recompute:
     method = BLOCK_RECOMPUTES[recompute]
     return ClientParts(
         "megatron_block", runner(test_block), runner(ref_block), dict(test_block.named_parameters()),
-        dict(ref_block.named_parameters()), (SEQ, BATCH, HIDDEN),
+        dict(ref_block.named_parameters()), INPUT_SHAPE,
         f"TransformerBlock(2 MLA layers, input_layernorm "
         f"{type(test_block.layers[0].input_layernorm).__qualname__}, recompute {method[0] or 'none'}"
         f"{'/' + method[1] if method[1] else ''}); reference: the same block without recompute",
@@ -215,5 +209,5 @@ def build_client(name: str, target: LoadedTarget, megatron: LoadedMegatron, *, r
     if name == "megatron_norm":
         if recompute != "none":
             raise UsageError("megatron_norm takes the engine's recompute wrappers, not a block recompute")
-        return _norm(megatron, dtype, device)
+        return _norm(megatron, dtype, device, seed)
     return _block(megatron, dtype, device, recompute)

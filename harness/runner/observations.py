@@ -4,8 +4,9 @@ runner (the `repro` process, which never imports a target) reads them as they co
 against its reference (harness.runner.records.judged) and appends the record to results.jsonl.
 
 One judge for the run: torch is imported once, in a process that has it already, instead of
-in every session's controller; and a te.ops pipeline's plain-PyTorch reference is computed once
-per case for every target. A line whose seal does not hold (something other than a controller
+in every session's controller; and each reference that needs no target (a te.ops pipeline's, a
+scenario's own, Megatron's norm's: harness.engine.reference) is computed here, once per case for
+every target, never taken from a worker. A line whose seal does not hold (something other than a controller
 wrote it: a target can write anywhere its user can), or a second observation of a case (a line
 copied), is never judged: the run lists it among its rejected records, which fail it, as a
 results line that no process of the run wrote does. So is an observation that names a field no

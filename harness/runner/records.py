@@ -110,7 +110,7 @@ def judged(case: Case, spec: str, role: Role, raw: Any, reference: dict[str, Any
     target, else plain PyTorch's computed here), then judged. A raw observation that is not one
     is a harness error of the case, never a pass."""
     from harness.engine import compare, message, wire
-    from harness.engine.reference import independent, reference_side
+    from harness.engine.reference import REFERENCE_FROM_TARGET, independent, reference_side
 
     try:
         if not isinstance(raw, dict):
@@ -126,12 +126,14 @@ def judged(case: Case, spec: str, role: Role, raw: Any, reference: dict[str, Any
         if "observed" in raw:
             observed = _not_run_claim(raw["observed"])
         else:
-            # A reference that needs no target is never the worker's to send.
+            # A reference that needs no target is never the worker's to send: one it sends is not read.
             side = (reference if reference is not None else reference_side(case)) if independent(case) \
                 else raw.get("reference")
             if side is None:
                 raise wire.WireError("no reference side came with it")
             observed = compare.compared(case, wire.unpack(raw), wire.unpack(side), version)
+            if not independent(case):
+                observed["reference_from"] = REFERENCE_FROM_TARGET
     except Exception as exc:  # noqa: BLE001 — a malformed observation: the harness could not judge it
         observed = _harness_failure(exc, f"the worker's observation could not be judged: {exc}")
     if isinstance(raw, dict) and (changed := raw.get("state_changes")):
