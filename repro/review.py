@@ -86,7 +86,7 @@ def target_state(run: dict[str, Any], spec: str, regression: str,
     else:
         state = table.FIXED_UPSTREAM if role == "fixed_upstream" else table.FIXED
     return {"spec": spec, "role": role, "why": (target.get("role_reasons") or {}).get(regression, ""),
-            "cases": len(records), "affected": len(affected), "reproduced": verdicts["reproduced"],
+            "cases": len(records), "judged": len(judged), "affected": len(affected), "reproduced": verdicts["reproduced"],
             "fixed": verdicts["fixed"], "symptom": symptom, "bad": dict(bad), "known_bugs": dict(known), "said": said,
             "state": state}
 
@@ -339,8 +339,9 @@ def _tree(run: dict[str, Any], spec: str) -> dict[str, Any]:
 def state_cell(state: dict[str, Any]) -> str:
     if not state["cases"]:
         return "not run"
-    if not state["affected"]:
-        return f"{state['role']}: none judged"
+    if not state["affected"]:  # a matrix without predictions (generated) judges cases none of which is affected
+        judged = state.get("judged", 0)
+        return f"{state['role']}: {judged} judged, none affected" if judged else f"{state['role']}: none judged"
     if state["role"] in ("unpatched", "unknown"):
         text = f"{state['role']}: reproduces {state['reproduced']}/{state['affected']}"
     elif state["symptom"]:

@@ -599,3 +599,14 @@ def test_the_saved_tensors_fix_is_recognised_in_its_later_forms(release: str) ->
     the marker knew only 2.5's `saved_tensors = func_ctx.saved_tensors`, so a synced fork read 'fix not found'."""
     found = patching.assess(Path(_prepare(release).root), patching.load_patch("saved_tensors_once"))
     assert found.fix == patching.FIX_UPSTREAM, found
+
+
+def test_a_regression_row_says_what_was_judged_when_nothing_was_predicted_affected() -> None:
+    """The generated matrix predicts no case affected: its row counts what was judged, and says
+    "none judged" only where nothing was (two te-2.16.1 -> te-2.17.0 reviews read 'none judged'
+    beside 348 standing failures of that matrix)."""
+    from repro.review import state_cell
+    state = {"role": "unknown", "cases": 40, "judged": 0, "affected": 0}
+    assert state_cell(state) == "unknown: none judged"
+    assert state_cell({**state, "judged": 38}) == "unknown: 38 judged, none affected"
+    assert state_cell({**state, "cases": 0}) == "not run"
