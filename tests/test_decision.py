@@ -9,6 +9,7 @@ status, the exit status) carries the same word."""
 from __future__ import annotations
 
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 from typing import Any
 
 from hypothesis import example, given
@@ -87,10 +88,16 @@ def test_the_decision_holds_its_invariants(state: ReviewState) -> None:
         assert decided.headline.endswith("…") or decided.headline.endswith(" ".join(decided.reasons[0].split()))
     if not state.head.loads:
         assert decided.status != "PASS"
+    if not (state.base.judged and state.head.judged):  # what stands unjudged is not "unchanged by this sync"
+        assert decided.standing == ""
 
 
 def test_the_degenerate_states_have_their_words() -> None:
     assert d.decide(NOTHING_LOADS).headline == "⚠ Cannot judge: neither tree loads: softmax.py:11 ImportError"
+    # the load failure's errors are the same on both sides, yet nothing stands: nothing was judged
+    # (ROCm's two commits read "standing: 2680 failures in 5 signatures, unchanged by this sync")
+    unjudged_standing = replace(NOTHING_LOADS, signatures=(SignatureGroup("standing", "harness_error: softmax.py:11", 2680),))
+    assert d.decide(unjudged_standing).standing == ""
     assert d.decide(NOTHING_JUDGED).headline == "⚠ Cannot judge: base and head judged 0 of 10 cases: not applicable"
     assert d.decide(EVERY_PATCH_CONFLICTS).headline == ("❌ Do not merge: patches/backport.patch no longer applies"
                                                         " (ops/fuser.py:138) and issue22 is still upstream: port it")

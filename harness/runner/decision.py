@@ -150,8 +150,10 @@ def counted(state: ReviewState) -> list[SignatureGroup]:
 
 
 def standing_line(state: ReviewState) -> str:
+    """Failures the sync left as they were; none where a side judged nothing (they are what kept
+    it from judging, counted by the rule that says so)."""
     standing = [g for g in state.signatures if g.change == STANDING and not g.provider]
-    if not standing:
+    if not standing or not (state.base.judged and state.head.judged):
         return ""
     n = sum(g.cases for g in standing)
     return f"standing: {_plural(n, 'failure')} in {_plural(len(standing), 'signature')}, unchanged by this sync"
