@@ -571,6 +571,7 @@ def test_two_trees_that_load_nothing_cannot_be_judged(tmp_path: Path) -> None:
     found, out, result = _review(tmp_path, base, head)
     assert found["rule"] == "nothing_judged" and found["status"] == "FAIL", found["headline"]
     assert found["headline"].startswith("⚠ Cannot judge: neither tree loads: ops/fuser.py:")
+    assert found["standing"] == "" and "standing:" not in (tmp_path / "review" / "review.md").read_text()
     _says_everywhere(found, out, result)
 
 
