@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ import pytest
 
 from harness import targets
 from harness.errors import UsageError
-from harness.runner import rundir
+from harness.runner import rundir, sandbox
 from harness.runner.completeness import incomplete_reason
 from harness.targets import forkconfig, patching, sources
 from repro.reports import show_command
@@ -276,7 +277,10 @@ def test_second_run_refused_stale_reports_removed_and_sigkill_ends_every_process
     faults = {"issue22:ops-rmsnorm-enabled-leaf-trainable-none-single-dense-float32-cpu": "orphan",
               "issue22:ops-rmsnorm-enabled-leaf-trainable-checkpoint_reentrant-single-dense-float32-cpu": "hang"}
     command = [sys.executable, "-m", "repro", "run", *SMOKE, "--targets", "te-2.20.2", "--out", str(out)]
-    env = {**os.environ, ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(tmp_path / "orphans")}
+    # Unsandboxed: the orphan notes its pid in a file outside (in a sandbox it could not, and it would
+    # end with the sandbox's PID namespace anyway); this is the reaper's work, for --no-sandbox.
+    env = {**os.environ, ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(tmp_path / "orphans"),
+           sandbox.DISABLE_ENV: "1"}
     first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
@@ -723,7 +727,9 @@ def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproc
     result = cli("run", "--matrix", "smoke", "--only", "pipeline=rmsnorm,extra_output_only", "--targets", "te-2.20.2",
                  "-n", "1",
                  "--case-timeout", "3", "--out", str(out),
-                 env={ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(out.parent / "orphans")})
+                 # Unsandboxed: the test hooks note pids in files outside (see the test above).
+                 env={ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(out.parent / "orphans"),
+                      sandbox.DISABLE_ENV: "1"})
     return out, result
 
 
@@ -834,6 +840,7 @@ def test_the_controller_dying_is_recorded_against_its_case(tmp_path: Path, cache
 
     victim = HOSTILE_CASES["gil"]
     monkeypatch.setenv(ENV, json.dumps({victim: "kill_controller"}))
+    monkeypatch.setenv(sandbox.DISABLE_ENV, "1")  # the test hook kills the controller, which a sandbox forbids
     monkeypatch.setenv("PYTEST_PLUGINS", PLUGIN)
     run = sessions.run_matrix("smoke", ["pipeline=rmsnorm"], ["te-2.20.2"], tmp_path, 1, cache,
                               progress=lambda _: None)
@@ -1385,3 +1392,101 @@ class TestRunFilesAndTreesAreNamedOnce:
         assert (tree_digest(partial_run), tree_digest(other)) == before and not summary.exists()
         result = cli("report", str(partial_run), "-o", str(tmp_path / "report.md"))  # outside any run dir: written
         assert result.returncode == 0 and (tmp_path / "report.md").is_file(), result.stderr
+
+
+# ---- the sandbox: a tree cannot reach another process, the project, the venv or a fork server ----
+
+SECRET = b"run-key-1f2e3d4c"  # what a hostile tree would read out of another process's memory
+# A tree's RMSNorm that tries each way out of its worker and raises what each attempt gave, so the
+# case's record carries every refusal. PTRACE_SEIZE, not ATTACH: unsandboxed, it must not stop the test.
+SANDBOX_ATTACKS = """
+import ctypes as _c, json as _json, os as _os, socket as _socket, torch as _torch
+_forward = RMSNorm.op_forward
+def _attempt(said, name, action):
+    try:
+        said[name] = action()
+    except OSError as exc:
+        said[name] = f"refused: {exc.strerror}"
+def _read_memory():
+    libc = _c.CDLL(None, use_errno=True)
+    class Iov(_c.Structure):
+        _fields_ = [("base", _c.c_void_p), ("len", _c.c_size_t)]
+    buffer = _c.create_string_buffer(SIZE)
+    local, remote = Iov(_c.addressof(buffer), SIZE), Iov(ADDRESS, SIZE)
+    if libc.process_vm_readv(VICTIM, _c.byref(local), 1, _c.byref(remote), 1, 0) != SIZE:
+        raise OSError(_c.get_errno(), _os.strerror(_c.get_errno()))
+    return "read " + buffer.raw.decode(errors="replace")
+def _ptrace():
+    libc = _c.CDLL(None, use_errno=True)
+    if libc.ptrace(0x4206, VICTIM, 0, 0) != 0:
+        raise OSError(_c.get_errno(), _os.strerror(_c.get_errno()))
+    return "attached"
+def _proc_mem():
+    with open(f"/proc/{VICTIM}/mem", "rb") as handle:
+        handle.seek(ADDRESS)
+        return "read " + handle.read(SIZE).decode(errors="replace")
+def _open_for_writing(path):
+    with open(path, "ab"):
+        return "opened for writing"
+def _connect(name):
+    with _socket.socket(_socket.AF_UNIX) as client:
+        client.connect("\\0" + name)
+        return "connected"
+def _attacking(self, *args, **kwargs):
+    said = {}
+    _attempt(said, "process_vm_readv", _read_memory)
+    _attempt(said, "ptrace", _ptrace)
+    _attempt(said, "proc_mem", _proc_mem)
+    _attempt(said, "project", lambda: _open_for_writing(PROJECT_FILE))
+    _attempt(said, "venv", lambda: _open_for_writing(_torch.__file__))
+    _attempt(said, "other_socket", lambda: _connect(SOCKET))
+    _attempt(said, "fork_server", lambda: _connect(_os.environ.get("REPRO_FORKSERVER") or "none-named"))
+    raise RuntimeError("sandbox attempts: " + _json.dumps(said))
+RMSNorm.op_forward = _attacking
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="namespaces and seccomp are Linux's")
+class TestTheSandboxHoldsTheTarget:
+    """A tree whose op tries, in its worker, to read another process's memory (the test's own, by
+    process_vm_readv, ptrace and /proc/PID/mem), to write the project's source and the venv, and to
+    connect to another run's abstract socket and to its own run's fork server: each is refused, and
+    the refusal is in the case's record. Skipped, with the kernel's reason, where namespaces are refused."""
+
+    @pytest.fixture(scope="class")
+    def attempts(self, release_root: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
+        if reason := sandbox.refusal():
+            pytest.skip(f"no sandbox on this machine: {reason}")
+        root = tmp_path_factory.mktemp("attacker")
+        shutil.copytree(release_root / "transformer_engine", root / "transformer_engine")
+        listener = socket.socket(socket.AF_UNIX)  # another run's fork server, as a tree finds it in /proc/net/unix
+        name = f"te-fuser-repro-victim-{os.getpid()}"
+        listener.bind("\0" + name)
+        listener.listen(8)
+        code = SANDBOX_ATTACKS
+        for placeholder, value in (("VICTIM", os.getpid()), ("ADDRESS", id(SECRET) + sys.getsizeof(b"") - 1),
+                                   ("SIZE", len(SECRET)), ("PROJECT_FILE", repr(str(REPO / "harness/__init__.py"))),
+                                   ("SOCKET", repr(name))):
+            code = re.sub(rf"\b{placeholder}\b", str(value), code)
+        _fork_with(root, code, "transformer_engine/pytorch/ops/basic/rmsnorm.py")
+        out = root.parent / "run"
+        try:
+            cli("run", *SMOKE, "--target", f"path:{root}", "--out", str(out))
+        finally:
+            listener.close()
+        errors = [r["error"]["message"] for r in json.loads((out / "run.json").read_text())["results"]
+                  if r.get("error") and "sandbox attempts: " in r["error"]["message"]]
+        assert errors, "no case ran the tree's op"
+        return [json.loads(e.split("sandbox attempts: ", 1)[1]) for e in errors]
+
+    @pytest.mark.parametrize("attack", ["process_vm_readv", "ptrace", "proc_mem"])
+    def test_another_processes_memory_is_out_of_reach(self, attempts: list[dict[str, str]], attack: str) -> None:
+        assert all(a[attack].startswith("refused: ") for a in attempts), attempts
+
+    @pytest.mark.parametrize("attack", ["project", "venv"])
+    def test_the_project_and_the_venv_are_read_only(self, attempts: list[dict[str, str]], attack: str) -> None:
+        assert all(a[attack] == "refused: Read-only file system" for a in attempts), attempts
+
+    @pytest.mark.parametrize("attack", ["other_socket", "fork_server"])
+    def test_no_abstract_socket_outside_is_reachable(self, attempts: list[dict[str, str]], attack: str) -> None:
+        assert all(a[attack] == "refused: Connection refused" for a in attempts), attempts
