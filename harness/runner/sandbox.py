@@ -69,6 +69,9 @@ _libc = ctypes.CDLL(None, use_errno=True)
 class SandboxError(OSError):
     """The kernel refused a step of building the sandbox."""
 
+    def __str__(self) -> str:  # the step and the kernel's answer, without "[Errno N]"
+        return str(self.strerror)
+
 
 def _check(result: int, what: str) -> None:
     if result != 0:
