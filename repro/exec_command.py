@@ -14,6 +14,7 @@ from pathlib import Path
 
 from harness import targets
 from harness.errors import UsageError
+from harness.megatron.source import DEFAULT_VERSION, MEGATRON_ENV, prepare_megatron
 from harness.runner import sandbox
 from harness.targets import sources
 
@@ -53,6 +54,8 @@ def cmd_exec(args: argparse.Namespace) -> int:
     if prepared.patch_status == "conflict":
         raise UsageError(f"target {prepared.spec}: patch {prepared.patch} does not apply; pick another target")
     env = exec_environment(prepared, args.megatron, dict(os.environ))
+    if args.megatron and MEGATRON_ENV not in env:  # prepared here: the cache is read-only in the sandbox
+        env[MEGATRON_ENV] = prepare_megatron(DEFAULT_VERSION, cache, args.offline).to_json()
     _check_runnable(command[0], env)
     try:
         code = subprocess.run(sandbox.command(command, writable=_writable_here(cache)), env=env,
