@@ -983,7 +983,7 @@ def _controller_args():
             _found = open(f"/proc/{_pid}/cmdline", "rb").read().decode().split("\\0")
         except OSError:
             continue
-        if any(a.startswith("--repro-target=") and '"path:' in a for a in _found):
+        if "--repro-jsonl=RESULTS" in _found:  # its own run's, by the run dir: not another run's on the machine
             return _found
     return []
 _args = _controller_args()
@@ -1014,9 +1014,13 @@ _rmsnorm.RMSNorm.op_forward = lambda self, *a, **k: _forward(self, *a, **k) * 1.
 
 
 def test_observations_a_tree_writes_are_not_judged(fork: Path, tmp_path: Path) -> None:
-    _fork_with(fork, OBSERVATION_FORGER, "transformer_engine/pytorch/__init__.py")
     out = tmp_path / "run"
-    cli("run", *SMOKE, "--target", f"path:{fork}", "--target", "te-2.20.2", "--out", str(out))
+    _fork_with(fork, OBSERVATION_FORGER.replace("RESULTS", str(out / "results.jsonl")),
+               "transformer_engine/pytorch/__init__.py")
+    # Unsandboxed: in a sandbox the tree cannot write the run dir at all (TestTheSandboxHoldsTheTarget);
+    # the seal is what holds where it runs without one.
+    cli("run", *SMOKE, "--target", f"path:{fork}", "--target", "te-2.20.2", "--out", str(out),
+        env={sandbox.DISABLE_ENV: "1"})
     run = json.loads((out / "run.json").read_text())
     forged = sum(1 for line in (out / "sessions" / "observations.jsonl").read_text().splitlines()
                  if line.startswith("- "))
@@ -1047,9 +1051,11 @@ if _path:
 
 
 def test_a_record_no_session_wrote_is_rejected_and_fails_the_run(fork: Path, tmp_path: Path) -> None:
-    _fork_with(fork, FORGER)
     out = tmp_path / "run"
-    result = cli("run", *SMOKE, "--target", f"path:{fork}", "--target", "te-2.13.0", "--out", str(out))
+    _fork_with(fork, FORGER.replace("RESULTS", str(out / "results.jsonl")))
+    # Unsandboxed, as the test above: the seal is what holds where the tree can write the run dir.
+    result = cli("run", *SMOKE, "--target", f"path:{fork}", "--target", "te-2.13.0", "--out", str(out),
+                 env={sandbox.DISABLE_ENV: "1"})
     assert '"verdict": "fixed"' in (out / "results.jsonl").read_text()  # the forgery was written
     run = json.loads((out / "run.json").read_text())
     victim = next(r for r in run["results"] if r["target"] == "te-2.13.0" and r["case_id"] == VICTIM_CASE)
@@ -1439,6 +1445,7 @@ def _attacking(self, *args, **kwargs):
     _attempt(said, "proc_mem", _proc_mem)
     _attempt(said, "project", lambda: _open_for_writing(PROJECT_FILE))
     _attempt(said, "venv", lambda: _open_for_writing(_torch.__file__))
+    _attempt(said, "run_dir", lambda: _open_for_writing(RUN_FILE))
     _attempt(said, "other_socket", lambda: _connect(SOCKET))
     _attempt(said, "fork_server", lambda: _connect(_os.environ.get("REPRO_FORKSERVER") or "none-named"))
     raise RuntimeError("sandbox attempts: " + _json.dumps(said))
@@ -1449,7 +1456,8 @@ RMSNorm.op_forward = _attacking
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="namespaces and seccomp are Linux's")
 class TestTheSandboxHoldsTheTarget:
     """A tree whose op tries, in its worker, to read another process's memory (the test's own, by
-    process_vm_readv, ptrace and /proc/PID/mem), to write the project's source and the venv, and to
+    process_vm_readv, ptrace and /proc/PID/mem), to write the project's source, the venv and its run's
+    results file, and to
     connect to another run's abstract socket and to its own run's fork server: each is refused, and
     the refusal is in the case's record. Skipped, with the kernel's reason, where namespaces are refused."""
 
@@ -1466,7 +1474,8 @@ class TestTheSandboxHoldsTheTarget:
         code = SANDBOX_ATTACKS
         for placeholder, value in (("VICTIM", os.getpid()), ("ADDRESS", id(SECRET) + sys.getsizeof(b"") - 1),
                                    ("SIZE", len(SECRET)), ("PROJECT_FILE", repr(str(REPO / "harness/__init__.py"))),
-                                   ("SOCKET", repr(name))):
+                                   ("SOCKET", repr(name)),
+                                   ("RUN_FILE", repr(str(root.parent / "run" / "results.jsonl")))):
             code = re.sub(rf"\b{placeholder}\b", str(value), code)
         _fork_with(root, code, "transformer_engine/pytorch/ops/basic/rmsnorm.py")
         out = root.parent / "run"
@@ -1483,8 +1492,8 @@ class TestTheSandboxHoldsTheTarget:
     def test_another_processes_memory_is_out_of_reach(self, attempts: list[dict[str, str]], attack: str) -> None:
         assert all(a[attack].startswith("refused: ") for a in attempts), attempts
 
-    @pytest.mark.parametrize("attack", ["project", "venv"])
-    def test_the_project_and_the_venv_are_read_only(self, attempts: list[dict[str, str]], attack: str) -> None:
+    @pytest.mark.parametrize("attack", ["project", "venv", "run_dir"])
+    def test_the_project_the_venv_and_the_run_dir_are_read_only(self, attempts: list[dict[str, str]], attack: str) -> None:
         assert all(a[attack] == "refused: Read-only file system" for a in attempts), attempts
 
     @pytest.mark.parametrize("attack", ["other_socket", "fork_server"])
