@@ -148,7 +148,11 @@ def _become_worker(request: dict[str, Any], fds: list[int], keep_out: list[int],
         # The parent it finds is this server: its session's controller is its client's parent.
         os.environ.update({**request.get("env", {}), lifetime.PARENT_ENV: str(server)})
         if not sandbox.disabled():  # from here on the worker runs in its own sandbox (harness.runner.sandbox)
-            sandbox.enter()
+            try:
+                sandbox.enter()
+            except sandbox.SandboxError as exc:  # never run unsandboxed unless asked: the worker dies, one line
+                os.write(2, f"repro: no sandbox for this worker: {exc}; --no-sandbox runs it unsandboxed\n".encode())
+                os._exit(125)
         tempfile.tempdir = None  # found again from the worker's TMPDIR (the run's scratch folder), not this server's
         sys.dont_write_bytecode = sys.dont_write_bytecode or "-B" in request.get("flags", [])
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))
