@@ -12,6 +12,7 @@ from tabulate import tabulate
 
 from harness import targets
 from harness.errors import TargetLoadError, UsageError
+from harness.runner import sandbox
 from harness.runner.textsafe import printable
 from harness.targets import patching, sources
 from harness.targets.probing import PROBE_TIMEOUT_S, probe
@@ -64,6 +65,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
             rows[-1][-1] += f" — {report['description']}"
     print(tabulate(printable(rows), headers=["spec", "source", "version", "fuser.py (all files)", "patch", "backend",
                                              "load"]))
+    print(sandbox.status_line())
     return 0
 
 
@@ -194,6 +196,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:  # bare `repro`: the help, not an error
             parser.print_help()
             return 0
+        if getattr(args, "no_sandbox", False):  # every process this command starts runs target code unsandboxed
+            os.environ[sandbox.DISABLE_ENV] = "1"
         return args.func(args)
     except (UsageError, TargetLoadError) as exc:
         print(f"repro: error: {_one_line(printable(str(exc)))}", file=sys.stderr)  # it may echo a hostile path

@@ -15,7 +15,7 @@ from tabulate import tabulate
 
 from harness import targets
 from harness.errors import UsageError
-from harness.runner import scratch
+from harness.runner import sandbox, scratch
 from harness.runner.coverage import coverage, summary
 from harness.targets import sources
 
@@ -28,7 +28,8 @@ def inventory(spec: str, cache_dir: str | None, offline: bool) -> dict[str, list
 
     prepared = targets.prepare(spec, sources.cache_dir(cache_dir), offline)
     with scratch.temporary() as scratch_env:
-        done = subprocess.run([sys.executable, "-m", "harness.targets.inventory"], capture_output=True, text=True,
+        done = subprocess.run(sandbox.command([sys.executable, "-m", "harness.targets.inventory"]), capture_output=True,
+                              text=True,
                               env=exec_environment(prepared, False, {**os.environ, **scratch_env}), check=False)
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["(no message)"])[-1]

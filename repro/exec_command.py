@@ -1,17 +1,45 @@
 """`repro exec --target SPEC -- COMMAND ...`: run a user's own command (a TE script, a snippet,
-pytest) with that target's TE importable as `transformer_engine`."""
+pytest) with that target's TE importable as `transformer_engine`, in a sandbox (harness.runner.sandbox)
+whose writable folders are its private tmp and the working directory (unless that is the project's,
+the Python installation's or the target cache's)."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
+import sys
+from pathlib import Path
 
 from harness import targets
 from harness.errors import UsageError
+from harness.megatron.source import DEFAULT_VERSION, MEGATRON_ENV, prepare_megatron
+from harness.runner import sandbox
 from harness.targets import sources
 
 EXAMPLE = "example: repro exec --target te-2.13.0 -- python case.py"
+
+
+def _check_runnable(program: str, env: dict[str, str]) -> None:
+    """The one-line errors for a command that is not there or not executable, found before the
+    sandbox starts it (the sandbox can only report them as an exit status)."""
+    if os.sep in program:
+        if not os.path.exists(program):
+            raise UsageError(f"command not found: {program}; {EXAMPLE}")
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            raise UsageError(f"command {program} is not executable; run it through its interpreter "
+                             f"(python {program}) or chmod +x it; {EXAMPLE}")
+    elif shutil.which(program, path=env.get("PATH", os.defpath)) is None:
+        raise UsageError(f"command not found: {program}; {EXAMPLE}")
+
+
+def _writable_here(cache: Path) -> list[str]:
+    """The working directory stays writable for the command's own output, unless it is within the
+    project, the Python installation or the target cache, which the sandbox keeps read-only."""
+    here = Path.cwd().resolve()
+    protected = [sandbox.PROJECT_ROOT, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve(), cache.resolve()]
+    return [] if any(here == p or p in here.parents for p in protected) else [str(here)]
 
 
 def cmd_exec(args: argparse.Namespace) -> int:
@@ -20,11 +48,17 @@ def cmd_exec(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
         raise UsageError(f"exec needs a command after --; {EXAMPLE}")
-    prepared = targets.prepare(args.target, sources.cache_dir(args.cache_dir), args.offline)
+    sandbox.require()
+    cache = sources.cache_dir(args.cache_dir)
+    prepared = targets.prepare(args.target, cache, args.offline)
     if prepared.patch_status == "conflict":
         raise UsageError(f"target {prepared.spec}: patch {prepared.patch} does not apply; pick another target")
+    env = exec_environment(prepared, args.megatron, dict(os.environ))
+    if args.megatron and MEGATRON_ENV not in env:  # prepared here: the cache is read-only in the sandbox
+        env[MEGATRON_ENV] = prepare_megatron(DEFAULT_VERSION, cache, args.offline).to_json()
+    _check_runnable(command[0], env)
     try:
-        code = subprocess.run(command, env=exec_environment(prepared, args.megatron, dict(os.environ)),
+        code = subprocess.run(sandbox.command(command, writable=_writable_here(cache)), env=env,
                               check=False).returncode
     except FileNotFoundError:
         raise UsageError(f"command not found: {command[0]}; {EXAMPLE}") from None

@@ -28,7 +28,7 @@ from harness.megatron.source import (
     prepare_megatron,
 )
 from harness.model import json_schema
-from harness.runner import hosts, rundir
+from harness.runner import hosts, rundir, sandbox
 from harness.runner.completeness import incomplete_reason
 from harness.runner.expectations import all_unmet
 from harness.runner.sessions import CASE_TIMEOUT_S, LOAD_TIMEOUT_S, Interrupted, run_matrix
@@ -220,6 +220,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
     rows = [[device, "available" if reason is None else "unavailable", reason or ""]
             for device, reason in unavailable_reasons().items()]
     print(tabulate(rows, headers=["device", "status", "reason"]))
+    print(sandbox.status_line())
     return 0
 
 

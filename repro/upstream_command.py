@@ -27,7 +27,7 @@ from tabulate import tabulate
 
 from harness import targets
 from harness.errors import UsageError
-from harness.runner import scratch, upstream_diff, upstream_failures
+from harness.runner import sandbox, scratch, upstream_diff, upstream_failures
 from harness.runner.upstream_ci import CI_SCRIPT, ci_environment
 from harness.targets import revisions, sources
 
@@ -105,6 +105,7 @@ def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[
     """One target's run of `tests`, with upstream's CI environment of the checkout they come from."""
     from harness.targets.site import exec_environment
 
+    sandbox.require()
     prepared = targets.prepare(spec, sources.cache_dir(cache_dir), offline)
     if prepared.patch_status == "conflict":
         raise UsageError(f"target {prepared.spec}: patch {prepared.patch} does not apply; pick another target")
@@ -118,7 +119,7 @@ def run_upstream_tests(spec: str, tests: Path, keyword: str | None, extra: list[
         # (pytest-benchmark's .benchmarks) write there, never into the checkout.
         # Their temporary files too (pytest's basetemp, torch's cache folder): nothing left in the machine's /tmp.
         env = exec_environment(prepared, False, {**os.environ, **ci_env, **scratch_env}, (tests.parent,))
-        status = subprocess.run(command, cwd=tmp, env=env, check=False).returncode
+        status = subprocess.run(sandbox.command(command, writable=[tmp]), cwd=tmp, env=env, check=False).returncode
         if not junit.is_file():
             return UpstreamRun(status)
         return UpstreamRun(status, _counts(junit), upstream_failures.outcomes(junit), upstream_failures.failures(junit),

@@ -30,6 +30,9 @@ def common_options() -> OneLineParser:
     common = OneLineParser(add_help=False)
     common.add_argument("--cache-dir", help=f"target cache (default ${sources.CACHE_ENV} or the XDG cache dir)")
     common.add_argument("--offline", action="store_true", help="use only the cache; never download")
+    common.add_argument("--no-sandbox", action="store_true",
+                        help="run target code without the sandbox (its own namespaces, a read-only file system, "
+                             "seccomp), with this user's full reach: only where the kernel refuses namespaces")
     return common
 
 

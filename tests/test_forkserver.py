@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.runner import reaper
+from harness.runner import reaper, sandbox
 from harness.runner.forkserver import ADDRESS_ENV, MAX_PENDING
 from harness.runner.rundir import session_name
 from tests.conftest import REPO
@@ -61,8 +61,10 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subproces
     process.wait(timeout=30)
 
 
-def _client(address: str | None, code: str, cwd: Path, **env: str) -> subprocess.Popen[str]:
-    environment = {**os.environ, "PYTHONPATH": str(REPO), **env}
+def _client(address: str | None, code: str, cwd: Path, sandboxed: bool = False, **env: str) -> subprocess.Popen[str]:
+    """A worker's client. Unsandboxed unless asked: these tests look at the worker's processes from
+    outside, by the pids it reports (in a sandbox, its own namespace's)."""
+    environment = {**os.environ, "PYTHONPATH": str(REPO), **({} if sandboxed else {sandbox.DISABLE_ENV: "1"}), **env}
     environment.pop(ADDRESS_ENV, None)
     if address:
         environment[ADDRESS_ENV] = address
@@ -124,6 +126,24 @@ def test_the_worker_ends_with_its_client(server: tuple[subprocess.Popen[bytes], 
     client.kill()  # as the session's reaper, or the kernel when the session's controller dies, ends it
     client.wait()
     assert _gone_within([worker], 10)
+
+
+@pytest.mark.skipif(bool(sandbox.refusal()), reason=f"no sandbox: {sandbox.refusal()}")
+def test_a_forked_worker_is_sandboxed_and_ends_with_its_client(server: tuple[subprocess.Popen[bytes], str],
+                                                                tmp_path: Path) -> None:
+    _process, address = server
+    code = ("import os, tempfile, time; print(os.getpid(), os.environ['REPRO_SANDBOX_PID'], "
+            "sorted(int(e) for e in os.listdir('/proc') if e.isdigit()) == [1, 2], tempfile.gettempdir(), flush=True); "
+            "time.sleep(600)")
+    client = _client(address, code, tmp_path, sandboxed=True)
+    assert client.stdout is not None
+    inside, outside, few_processes, tmp = client.stdout.readline().split()
+    # Its own PID namespace (pid 2, under the sandbox's first process), its own /proc, its private tmp.
+    assert (inside, few_processes, tmp) == ("2", "True", sandbox.PRIVATE_TMP)
+    assert alive(int(outside))
+    client.kill()
+    client.wait()
+    assert _gone_within([int(outside)], 10)
 
 
 def test_what_a_worker_leaves_behind_ends_and_the_server_ends_every_worker(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -21,7 +22,7 @@ import pytest
 
 from harness import targets
 from harness.errors import UsageError
-from harness.runner import rundir
+from harness.runner import rundir, sandbox
 from harness.runner.completeness import incomplete_reason
 from harness.targets import forkconfig, patching, sources
 from repro.reports import show_command
@@ -276,7 +277,10 @@ def test_second_run_refused_stale_reports_removed_and_sigkill_ends_every_process
     faults = {"issue22:ops-rmsnorm-enabled-leaf-trainable-none-single-dense-float32-cpu": "orphan",
               "issue22:ops-rmsnorm-enabled-leaf-trainable-checkpoint_reentrant-single-dense-float32-cpu": "hang"}
     command = [sys.executable, "-m", "repro", "run", *SMOKE, "--targets", "te-2.20.2", "--out", str(out)]
-    env = {**os.environ, ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(tmp_path / "orphans")}
+    # Unsandboxed: the orphan notes its pid in a file outside (in a sandbox it could not, and it would
+    # end with the sandbox's PID namespace anyway); this is the reaper's work, for --no-sandbox.
+    env = {**os.environ, ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(tmp_path / "orphans"),
+           sandbox.DISABLE_ENV: "1"}
     first = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.time() + 120
@@ -723,7 +727,9 @@ def hostile_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, subproc
     result = cli("run", "--matrix", "smoke", "--only", "pipeline=rmsnorm,extra_output_only", "--targets", "te-2.20.2",
                  "-n", "1",
                  "--case-timeout", "3", "--out", str(out),
-                 env={ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(out.parent / "orphans")})
+                 # Unsandboxed: the test hooks note pids in files outside (see the test above).
+                 env={ENV: json.dumps(faults), "PYTEST_PLUGINS": PLUGIN, ORPHAN_ENV: str(out.parent / "orphans"),
+                      sandbox.DISABLE_ENV: "1"})
     return out, result
 
 
@@ -834,6 +840,7 @@ def test_the_controller_dying_is_recorded_against_its_case(tmp_path: Path, cache
 
     victim = HOSTILE_CASES["gil"]
     monkeypatch.setenv(ENV, json.dumps({victim: "kill_controller"}))
+    monkeypatch.setenv(sandbox.DISABLE_ENV, "1")  # the test hook kills the controller, which a sandbox forbids
     monkeypatch.setenv("PYTEST_PLUGINS", PLUGIN)
     run = sessions.run_matrix("smoke", ["pipeline=rmsnorm"], ["te-2.20.2"], tmp_path, 1, cache,
                               progress=lambda _: None)
@@ -976,7 +983,7 @@ def _controller_args():
             _found = open(f"/proc/{_pid}/cmdline", "rb").read().decode().split("\\0")
         except OSError:
             continue
-        if any(a.startswith("--repro-target=") and '"path:' in a for a in _found):
+        if "--repro-jsonl=RESULTS" in _found:  # its own run's, by the run dir: not another run's on the machine
             return _found
     return []
 _args = _controller_args()
@@ -1007,9 +1014,13 @@ _rmsnorm.RMSNorm.op_forward = lambda self, *a, **k: _forward(self, *a, **k) * 1.
 
 
 def test_observations_a_tree_writes_are_not_judged(fork: Path, tmp_path: Path) -> None:
-    _fork_with(fork, OBSERVATION_FORGER, "transformer_engine/pytorch/__init__.py")
     out = tmp_path / "run"
-    cli("run", *SMOKE, "--target", f"path:{fork}", "--target", "te-2.20.2", "--out", str(out))
+    _fork_with(fork, OBSERVATION_FORGER.replace("RESULTS", str(out / "results.jsonl")),
+               "transformer_engine/pytorch/__init__.py")
+    # Unsandboxed: in a sandbox the tree cannot write the run dir at all (TestTheSandboxHoldsTheTarget);
+    # the seal is what holds where it runs without one.
+    cli("run", *SMOKE, "--target", f"path:{fork}", "--target", "te-2.20.2", "--out", str(out),
+        env={sandbox.DISABLE_ENV: "1"})
     run = json.loads((out / "run.json").read_text())
     forged = sum(1 for line in (out / "sessions" / "observations.jsonl").read_text().splitlines()
                  if line.startswith("- "))
@@ -1040,9 +1051,11 @@ if _path:
 
 
 def test_a_record_no_session_wrote_is_rejected_and_fails_the_run(fork: Path, tmp_path: Path) -> None:
-    _fork_with(fork, FORGER)
     out = tmp_path / "run"
-    result = cli("run", *SMOKE, "--target", f"path:{fork}", "--target", "te-2.13.0", "--out", str(out))
+    _fork_with(fork, FORGER.replace("RESULTS", str(out / "results.jsonl")))
+    # Unsandboxed, as the test above: the seal is what holds where the tree can write the run dir.
+    result = cli("run", *SMOKE, "--target", f"path:{fork}", "--target", "te-2.13.0", "--out", str(out),
+                 env={sandbox.DISABLE_ENV: "1"})
     assert '"verdict": "fixed"' in (out / "results.jsonl").read_text()  # the forgery was written
     run = json.loads((out / "run.json").read_text())
     victim = next(r for r in run["results"] if r["target"] == "te-2.13.0" and r["case_id"] == VICTIM_CASE)
@@ -1466,3 +1479,104 @@ class TestReferencesAreNotTheWorkers:
         assert results and all("outputs" in r["failed_checks"] for r in results if r["outcome"] != "crash"), \
             [(r["case_id"], r["outcome"], r["note"]) for r in results]
         assert any(r["outcome"] == "wrong_output" for r in results)
+
+
+# ---- the sandbox: a tree cannot reach another process, the project, the venv or a fork server ----
+
+SECRET = b"run-key-1f2e3d4c"  # what a hostile tree would read out of another process's memory
+# A tree's RMSNorm that tries each way out of its worker and raises what each attempt gave, so the
+# case's record carries every refusal. PTRACE_SEIZE, not ATTACH: unsandboxed, it must not stop the test.
+SANDBOX_ATTACKS = """
+import ctypes as _c, json as _json, os as _os, socket as _socket, torch as _torch
+_forward = RMSNorm.op_forward
+def _attempt(said, name, action):
+    try:
+        said[name] = action()
+    except OSError as exc:
+        said[name] = f"refused: {exc.strerror}"
+def _read_memory():
+    libc = _c.CDLL(None, use_errno=True)
+    class Iov(_c.Structure):
+        _fields_ = [("base", _c.c_void_p), ("len", _c.c_size_t)]
+    buffer = _c.create_string_buffer(SIZE)
+    local, remote = Iov(_c.addressof(buffer), SIZE), Iov(ADDRESS, SIZE)
+    if libc.process_vm_readv(VICTIM, _c.byref(local), 1, _c.byref(remote), 1, 0) != SIZE:
+        raise OSError(_c.get_errno(), _os.strerror(_c.get_errno()))
+    return "read " + buffer.raw.decode(errors="replace")
+def _ptrace():
+    libc = _c.CDLL(None, use_errno=True)
+    if libc.ptrace(0x4206, VICTIM, 0, 0) != 0:
+        raise OSError(_c.get_errno(), _os.strerror(_c.get_errno()))
+    return "attached"
+def _proc_mem():
+    with open(f"/proc/{VICTIM}/mem", "rb") as handle:
+        handle.seek(ADDRESS)
+        return "read " + handle.read(SIZE).decode(errors="replace")
+def _open_for_writing(path):
+    with open(path, "ab"):
+        return "opened for writing"
+def _connect(name):
+    with _socket.socket(_socket.AF_UNIX) as client:
+        client.connect("\\0" + name)
+        return "connected"
+def _attacking(self, *args, **kwargs):
+    said = {}
+    _attempt(said, "process_vm_readv", _read_memory)
+    _attempt(said, "ptrace", _ptrace)
+    _attempt(said, "proc_mem", _proc_mem)
+    _attempt(said, "project", lambda: _open_for_writing(PROJECT_FILE))
+    _attempt(said, "venv", lambda: _open_for_writing(_torch.__file__))
+    _attempt(said, "run_dir", lambda: _open_for_writing(RUN_FILE))
+    _attempt(said, "other_socket", lambda: _connect(SOCKET))
+    _attempt(said, "fork_server", lambda: _connect(_os.environ.get("REPRO_FORKSERVER") or "none-named"))
+    raise RuntimeError("sandbox attempts: " + _json.dumps(said))
+RMSNorm.op_forward = _attacking
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="namespaces and seccomp are Linux's")
+class TestTheSandboxHoldsTheTarget:
+    """A tree whose op tries, in its worker, to read another process's memory (the test's own, by
+    process_vm_readv, ptrace and /proc/PID/mem), to write the project's source, the venv and its run's
+    results file, and to
+    connect to another run's abstract socket and to its own run's fork server: each is refused, and
+    the refusal is in the case's record. Skipped, with the kernel's reason, where namespaces are refused."""
+
+    @pytest.fixture(scope="class")
+    def attempts(self, release_root: Path, tmp_path_factory: pytest.TempPathFactory) -> list[dict[str, str]]:
+        if reason := sandbox.refusal():
+            pytest.skip(f"no sandbox on this machine: {reason}")
+        root = tmp_path_factory.mktemp("attacker")
+        shutil.copytree(release_root / "transformer_engine", root / "transformer_engine")
+        listener = socket.socket(socket.AF_UNIX)  # another run's fork server, as a tree finds it in /proc/net/unix
+        name = f"te-fuser-repro-victim-{os.getpid()}"
+        listener.bind("\0" + name)
+        listener.listen(8)
+        code = SANDBOX_ATTACKS
+        for placeholder, value in (("VICTIM", os.getpid()), ("ADDRESS", id(SECRET) + sys.getsizeof(b"") - 1),
+                                   ("SIZE", len(SECRET)), ("PROJECT_FILE", repr(str(REPO / "harness/__init__.py"))),
+                                   ("SOCKET", repr(name)),
+                                   ("RUN_FILE", repr(str(root.parent / "run" / "results.jsonl")))):
+            code = re.sub(rf"\b{placeholder}\b", str(value), code)
+        _fork_with(root, code, "transformer_engine/pytorch/ops/basic/rmsnorm.py")
+        out = root.parent / "run"
+        try:
+            cli("run", *SMOKE, "--target", f"path:{root}", "--out", str(out))
+        finally:
+            listener.close()
+        errors = [r["error"]["message"] for r in json.loads((out / "run.json").read_text())["results"]
+                  if r.get("error") and "sandbox attempts: " in r["error"]["message"]]
+        assert errors, "no case ran the tree's op"
+        return [json.loads(e.split("sandbox attempts: ", 1)[1]) for e in errors]
+
+    @pytest.mark.parametrize("attack", ["process_vm_readv", "ptrace", "proc_mem"])
+    def test_another_processes_memory_is_out_of_reach(self, attempts: list[dict[str, str]], attack: str) -> None:
+        assert all(a[attack].startswith("refused: ") for a in attempts), attempts
+
+    @pytest.mark.parametrize("attack", ["project", "venv", "run_dir"])
+    def test_the_project_the_venv_and_the_run_dir_are_read_only(self, attempts: list[dict[str, str]], attack: str) -> None:
+        assert all(a[attack] == "refused: Read-only file system" for a in attempts), attempts
+
+    @pytest.mark.parametrize("attack", ["other_socket", "fork_server"])
+    def test_no_abstract_socket_outside_is_reachable(self, attempts: list[dict[str, str]], attack: str) -> None:
+        assert all(a[attack] == "refused: Connection refused" for a in attempts), attempts

@@ -14,7 +14,7 @@ from typing import Any
 
 from harness.errors import TargetLoadError, UsageError
 from harness.megatron.source import PreparedMegatron
-from harness.runner import scratch
+from harness.runner import sandbox, scratch
 from harness.targets import PreparedTarget
 
 
@@ -51,7 +51,7 @@ def run_in_subprocess(prepared: PreparedTarget, megatron: PreparedMegatron,
     command = [sys.executable, "-m", "harness.megatron.worker", prepared.to_json(), megatron.to_json(),
                json.dumps([list(s) for s in scenarios])]
     with scratch.temporary() as scratch_env:
-        result = subprocess.run(command, capture_output=True, text=True, check=False, timeout=timeout,
+        result = subprocess.run(sandbox.command(command), capture_output=True, text=True, check=False, timeout=timeout,
                                 env={**(env if env is not None else os.environ), **scratch_env})
     if result.returncode != 0 or not result.stdout.strip():
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]

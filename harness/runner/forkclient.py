@@ -14,14 +14,16 @@ import os
 import socket
 import sys
 
-from harness.runner import lifetime
+from harness.runner import lifetime, sandbox
 from harness.runner.forkserver import ADDRESS_ENV, HEADER
 
 REPLY_TIMEOUT_S = 300  # the server answers once its imports are done: a busy machine makes them slow
 
 
 def _plain(flags: list[str], code: str) -> None:
-    os.execv(sys.executable, [sys.executable, *flags, "-c", code])
+    """The worker xdist would have started, in a sandbox of its own (harness.runner.sandbox)."""
+    command = sandbox.command([sys.executable, *flags, "-c", code])
+    os.execv(command[0], command)
 
 
 def main(argv: list[str]) -> int:

@@ -18,6 +18,8 @@ What held for a worker started by xdist still holds for a forked one:
 - no connection holds up another's worker: every request is read a piece at a time as it
   arrives, and one not complete within `REQUEST_DEADLINE_S`, larger than `MAX_REQUEST_BYTES`
   or malformed is dropped without a fork (its client then starts the plain worker);
+- each worker runs in a sandbox of its own (harness.runner.sandbox), entered in the forked child
+  before it runs the client's code: this server, its socket and the other runs' stay outside;
 - where the imports set up an accelerator's runtime, which a fork does not carry (`fork_hazard`),
   the server says why in its log (sessions/forkserver.log) and ends: the clients then start
   their workers themselves.
@@ -50,7 +52,7 @@ import types
 from dataclasses import dataclass, field
 from typing import Any
 
-from harness.runner import lifetime, reaper
+from harness.runner import lifetime, reaper, sandbox
 
 ADDRESS_ENV = "REPRO_FORKSERVER"  # the abstract socket's name, for the sessions' clients
 HEADER = struct.Struct("!Q")
@@ -145,6 +147,12 @@ def _become_worker(request: dict[str, Any], fds: list[int], keep_out: list[int],
         os.environ.clear()
         # The parent it finds is this server: its session's controller is its client's parent.
         os.environ.update({**request.get("env", {}), lifetime.PARENT_ENV: str(server)})
+        if not sandbox.disabled():  # from here on the worker runs in its own sandbox (harness.runner.sandbox)
+            try:
+                sandbox.enter()
+            except sandbox.SandboxError as exc:  # never run unsandboxed unless asked: the worker dies, one line
+                os.write(2, f"repro: no sandbox for this worker: {exc}; --no-sandbox runs it unsandboxed\n".encode())
+                os._exit(125)
         tempfile.tempdir = None  # found again from the worker's TMPDIR (the run's scratch folder), not this server's
         sys.dont_write_bytecode = sys.dont_write_bytecode or "-B" in request.get("flags", [])
         sys.stdin = io.TextIOWrapper(io.BufferedReader(io.FileIO(0, "r", closefd=False)))

@@ -48,7 +48,7 @@ from typing import Any, cast
 
 import pytest
 
-from harness.runner import liveness, memory, observations, rundir, seal
+from harness.runner import liveness, memory, observations, rundir, sandbox, seal
 from harness.runner.textsafe import safe_text
 
 # Imports of torch-heavy modules stay inside the functions: the xdist controller needs none.
@@ -187,7 +187,7 @@ def _worker_setup(config: pytest.Config) -> None:
         _state["target"], description = exc, f"load error: {exc}"
     _state["startup"] = {"torch_import_s": torch_s, "torch_preloaded": _state["torch_preloaded"],
                          "target_load_s": time.perf_counter() - loading,
-                         "megatron_import_s": None, "pid": os.getpid(), "host": socket.gethostname(), "cwd": os.getcwd()}
+                         "megatron_import_s": None, "pid": sandbox.outer_pid(), "host": socket.gethostname(), "cwd": os.getcwd()}
     _state["description"] = description
     _state["spec"] = json.loads(config.getoption("--repro-target"))["spec"]
     _state["roles"] = json.loads(config.getoption("--repro-roles"))
@@ -265,7 +265,7 @@ class CaseChunk(pytest.Item):
         errors = []
         if "announced" not in _state:  # the controller ends this process by its pid when it overruns a bound
             _state["announced"] = True
-            self._notify("worker", {"pid": os.getpid(), "host": socket.gethostname()})
+            self._notify("worker", {"pid": sandbox.outer_pid(), "host": socket.gethostname()})
         cases = [Case(**fields) for fields in self.cases]
         for index, case in enumerate(cases):
             if not index:  # a later case's start goes with the record before it: one report a case

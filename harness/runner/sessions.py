@@ -25,7 +25,7 @@ from cases.regression import Regression
 from harness import targets
 from harness.errors import UsageError
 from harness.model import BAD_VERDICTS, SCHEMA, Role, Run
-from harness.runner import completeness, forkserver, lifetime, memory, observations, rundir, scratch, seal
+from harness.runner import completeness, forkserver, lifetime, memory, observations, rundir, sandbox, scratch, seal
 from harness.runner.headlines import headlines
 from harness.runner.roles import role_of
 from harness.runner.rundir import session_name
@@ -421,6 +421,8 @@ def run_matrix(matrix: str, only: list[str] | None, specs: list[str] | None, out
     by_target = plan_targets(selections, specs, regressions_of)
     out_dir = Path(os.path.abspath(out_dir))  # handed to the sessions as arguments
     rundir.check_writable(out_dir)
+    if not tx:  # each local worker runs in its own sandbox (harness.runner.sandbox); xdist starts the --tx ones
+        sandbox.require()
     # Started first: it imports torch and the harness while the targets are prepared and the roles decided.
     with _fork_server(tx) as fork_server:
         prepared = {spec: targets.prepare(spec, cache, offline, fork_config) for spec in by_target}
