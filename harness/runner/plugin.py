@@ -287,7 +287,8 @@ class CaseChunk(pytest.Item):
                 self._notify("loading", case.case_id)
                 _worker_setup(self.config)
                 self._notify("description", safe_text(_state["description"]))
-            raw_text, harness_error = self._run_one(case, self.cases[index])
+            ahead = (cases[index + 1], self.cases[index + 1]) if index + 1 < len(cases) else None
+            raw_text, harness_error = self._run_one(case, self.cases[index], ahead)
             following = {"next": cases[index + 1].case_id} if index + 1 < len(cases) else {}
             self._notify("record", {"case_id": case.case_id, "target": _state["spec"],
                                     "raw_text": raw_text, **following})
@@ -299,10 +300,12 @@ class CaseChunk(pytest.Item):
         if errors:
             raise AssertionError(f"{len(errors)} harness errors, the first: {errors[0]}")
 
-    def _run_one(self, case: Any, fields: dict[str, Any]) -> tuple[str, str | None]:
+    def _run_one(self, case: Any, fields: dict[str, Any],
+                 ahead: tuple[Any, dict[str, Any]] | None) -> tuple[str, str | None]:
         """The case's raw observation as JSON text, for the run's judge (harness.runner.observations),
         and the harness error it names. The case runs in the worker's case child (harness.runner.casechild):
-        a case that ends that process is recorded as a dead worker's, with how it ended."""
+        a case that ends that process is recorded as a dead worker's, with how it ended. `ahead`: the
+        chunk's next case, started in the next child while a child that dies of a fatal signal is torn down."""
         from cases.clients import needs_megatron
         from harness.runner.casechild import Died
 
@@ -314,11 +317,16 @@ class CaseChunk(pytest.Item):
             self._notify("loaded", None)
         timeout = self.config.getoption("--repro-case-timeout")
         child = _case_child(self.config)
-        _state["inflight"] = (case.case_id, time.monotonic())
+        if _state.pop("sent_ahead", None) != case.case_id:
+            child.send(fields)
+        _state.update(inflight=(case.case_id, time.monotonic()), receiving=child)
         try:
-            answer = child.run(fields, timeout + CHILD_GRACE_S if timeout else None, lambda: _keep_spare(self.config))
+            answer = child.receive(timeout + CHILD_GRACE_S if timeout else None, lambda: _keep_spare(self.config),
+                                   lambda: _send_ahead(self.config, ahead))
         finally:
-            _state["inflight"] = None
+            _state.update(inflight=None, receiving=None)
+        if _state.get("case_child") is not child:  # the next case went ahead to another child
+            child.close()
         if isinstance(answer, Died):
             _state["case_children_died"] = True
             return observations.raw_text(_lost(answer.why, answer.text)), None
@@ -351,13 +359,28 @@ def _keep_spare(config: pytest.Config) -> None:
         _state["spare_child"] = _fork_case_child(config)
 
 
+def _send_ahead(config: pytest.Config, ahead: tuple[Any, dict[str, Any]] | None) -> None:
+    """The case child is dying of a fatal signal: the next case starts in the spare now, while the
+    kernel tears the dying one down (a process of the worker's size takes a while). Not a case that
+    needs Megatron before the worker has imported it: the child would lack it."""
+    from cases.clients import needs_megatron
+
+    if ahead is None or (needs_megatron(ahead[0]) and "megatron_error" not in _state):
+        return
+    spare = _state.pop("spare_child", None)
+    child = _state["case_child"] = spare if spare is not None and spare.alive else _fork_case_child(config)
+    child.send(ahead[1])
+    _state.update(sent_ahead=ahead[0].case_id, case_children_died=True)
+    _keep_spare(config)
+
+
 def _fork_case_child(config: pytest.Config) -> Any:
     from harness.runner.casechild import CaseChild
 
     for name in CHILD_PRELOAD:  # imported once here, not again by each child after a crash
         importlib.import_module(name)
     gc.freeze()  # the worker's objects stay out of the child's collections: their pages stay shared
-    others = [fd for name in ("case_child", "spare_child") if (c := _state.get(name)) is not None
+    others = [fd for name in ("case_child", "spare_child", "receiving") if (c := _state.get(name)) is not None
               for fd in c.descriptors()]  # another child's pipes: it must see them close when the worker closes them
     return CaseChild(lambda fields: _answer(_observe(config, fields)), [*_channel_fds(config), *others])
 
