@@ -369,6 +369,35 @@ def test_target_segfaulting_on_every_affected_case_gets_every_record(tmp_path: P
     assert result.returncode != 0  # crashes on a fixed release
 
 
+NO_GRAD_FORWARD = """        else:
+            forward_func = _OperationFuserAutogradFunction.forward
+"""
+
+
+def test_a_tree_that_segfaults_costs_a_fork_per_crash_not_a_worker(fork: Path, tmp_path: Path) -> None:
+    """The fuser itself segfaults on every forward without grad (issue 46's tree): each crash is
+    recorded against its case, with its signal, and the worker goes on (its case child is forked
+    again), so xdist never replaces it."""
+    fuser = fork / FUSER
+    assert NO_GRAD_FORWARD in fuser.read_text()
+    fuser.write_text(fuser.read_text().replace(NO_GRAD_FORWARD, NO_GRAD_FORWARD.replace(
+        "else:\n", "else:\n            __import__('ctypes').string_at(0)\n")))
+    out = tmp_path / "run"
+    result = cli("run", "--matrix", "smoke", "--only", "pipeline=rmsnorm,extra_output_only", "--target",
+                 f"path:{fork}", "-n", "1", "--out", str(out))
+    run = json.loads((out / "run.json").read_text())
+    assert run["complete"] and incomplete_reason(run) is None, result.stderr
+    crashed = [r for r in run["results"] if r["outcome"] == "crash"]
+    assert len(crashed) > 5 and len(crashed) < len(run["results"])  # more crashes than xdist's default restarts
+    assert {r["case_id"] for r in run["results"] if r["grad_mode"] == "no_grad"} <= {r["case_id"] for r in crashed}
+    for record in crashed:
+        assert record["error"]["type"] == "WorkerDied" and record["error"]["message"] == "worker died", record["error"]
+        assert "killed by signal 11 (SIGSEGV)" in record["error"]["traceback"], record["error"]
+    started = [json.loads(line) for p in (out / "sessions").glob("*.inflight.jsonl") for line in p.read_text().splitlines()]
+    assert {line["worker"] for line in started} == {"gw0"}  # one worker ran every case: xdist replaced none
+    assert not list((out / "sessions").glob("*.follow-up-*.cases.json"))  # no case was left to a follow-up session
+
+
 def test_missing_results_give_one_line_reason() -> None:
     run = {"results": [], "complete": False, "missing": 2,
            "not_run": [{"target": "te-2.16.0", "case_id": "a", "reason": "its session exited with status 1"},

@@ -10,12 +10,17 @@ flight on that worker, or a second one; it hands the others, raw, to the run's j
 runner, harness.runner.observations), and writes the records of the cases that ended without
 one; each line sealed with the run's key (harness.runner.seal).
 
-When a worker dies, xdist calls `pytest_handlecrashitem` on the controller, which records
-the crash against the case that worker had in flight. The rest of that chunk has no
-records; the runner starts a follow-up session for them (harness.runner.sessions).
+A worker runs its cases in a child it forks once the target is loaded (harness.runner.casechild):
+a case that kills that child (a segfault, an exit, a signal) is recorded by the worker as a dead
+worker's case, with the signal, and the next case runs in a new child forked from the worker's
+loaded state: a crash costs a fork, and the chunk goes on. When the worker itself dies, xdist calls
+`pytest_handlecrashitem` on the controller, which records the crash against the case that worker
+had in flight. The rest of that chunk has no records; the runner starts a follow-up session for
+them (harness.runner.sessions).
 
 A case that overruns the per-case timeout is interrupted by SIGALRM and recorded as a
-timeout, and the chunk goes on. The bound itself is the controller's: a thread there ends
+timeout, and the chunk goes on; one deaf to the alarm is ended by its worker, which kills its
+child past the timeout and a grace. The bound itself is the controller's: a thread there ends
 (SIGKILL) a local worker whose case is in flight past the timeout and a grace period, or
 that is still loading the target past the load timeout, whatever the worker is doing (C
 code holding the GIL, stopped by SIGSTOP, looping at import); the controller then records
@@ -34,6 +39,8 @@ flight (harness.runner.sessions).
 from __future__ import annotations
 
 import contextlib
+import gc
+import importlib
 import json
 import os
 import signal
@@ -56,6 +63,12 @@ from harness.runner.textsafe import safe_text
 NOTICE = "repro"  # the `when` of the reports that carry a case's start and its record
 CHUNK_DEFAULT = 200
 CONTROLLER_GRACE_S = 5.0  # after the per-case timeout, before the controller ends the worker
+# After the per-case timeout, before a worker ends its case child (harness.runner.casechild): within the
+# controller's grace, so that a case deaf to the alarm costs a fork, not the worker.
+CHILD_GRACE_S = 2.0
+# The harness's modules a case child imports on its first case (harness.runner.records.observe).
+CHILD_PRELOAD = ("harness.engine.execute", "harness.engine.trial", "harness.targets.cpu_backend.device",
+                 "harness.engine.standalone")
 WATCHDOG_GRACE_S = 10.0  # after the per-case timeout, before a worker's own watchdog ends it (remote workers)
 LOAD_TIMEOUT_REASON = "load timeout"
 _state: dict[str, Any] = {}
@@ -274,60 +287,156 @@ class CaseChunk(pytest.Item):
                 self._notify("loading", case.case_id)
                 _worker_setup(self.config)
                 self._notify("description", safe_text(_state["description"]))
-            raw = self._run_one(case)
+            ahead = (cases[index + 1], self.cases[index + 1]) if index + 1 < len(cases) else None
+            raw_text, harness_error = self._run_one(case, self.cases[index], ahead)
             following = {"next": cases[index + 1].case_id} if index + 1 < len(cases) else {}
             self._notify("record", {"case_id": case.case_id, "target": _state["spec"],
-                                    "raw_text": observations.raw_text(raw), **following})
-            if (observed := raw.get("observed")) and observed["outcome"] == "harness_error":
-                errors.append(f"{case.case_id}: {observed['error']['message'] if observed['error'] else observed['note']}")
+                                    "raw_text": raw_text, **following})
+            if harness_error is not None:
+                errors.append(f"{case.case_id}: {harness_error}")
         if _state["startup"] != _state.get("startup_sent"):  # after the first chunk, and after Megatron's import
             _state["startup_sent"] = dict(_state["startup"])
             self._notify("startup", _state["startup_sent"])
         if errors:
             raise AssertionError(f"{len(errors)} harness errors, the first: {errors[0]}")
 
-    def _run_one(self, case: Any) -> dict[str, Any]:
-        """The case's raw observation, for the run's judge (harness.runner.observations);
-        a case that ended it (a timeout, a BaseException, an allocation over the bound) is `lost`."""
+    def _run_one(self, case: Any, fields: dict[str, Any],
+                 ahead: tuple[Any, dict[str, Any]] | None) -> tuple[str, str | None]:
+        """The case's raw observation as JSON text, for the run's judge (harness.runner.observations),
+        and the harness error it names. The case runs in the worker's case child (harness.runner.casechild):
+        a case that ends that process is recorded as a dead worker's, with how it ended. `ahead`: the
+        chunk's next case, started in the next child while a child that dies of a fatal signal is torn down."""
         from cases.clients import needs_megatron
-        from harness.runner.records import observe
-        from harness.runner.state import guarded
+        from harness.runner.casechild import Died
 
         importing = "megatron_error" not in _state and needs_megatron(case)
-        if importing:  # Megatron's import is bounded as a load, not as the case
+        if importing:  # Megatron's import is bounded as a load, not as the case; the child forked after it has it
             self._notify("loading", case.case_id)
-        megatron_error = _megatron_error(case)
+        _megatron_error(case)
         if importing:
             self._notify("loaded", None)
-        _state["inflight"] = (case.case_id, time.monotonic())
-        limit = self.config.getoption("--repro-max-rss")
+        timeout = self.config.getoption("--repro-case-timeout")
+        child = _case_child(self.config)
+        if _state.pop("sent_ahead", None) != case.case_id:
+            child.send(fields)
+        _state.update(inflight=(case.case_id, time.monotonic()), receiving=child)
         try:
-            with _alarm(self.config.getoption("--repro-case-timeout")), guarded() as changed:
-                self.config.hook.pytest_repro_case_started(case_id=case.case_id)
-                raw = observe(case, _state["spec"], _state["target"], megatron_error)
-            error = raw.get("error") or (raw.get("observed") or {}).get("error")
-            if limit and error and memory.refused_allocation(error):
-                return _lost(memory.over_bound_note(limit), str(error.get("traceback") or error.get("message")),
-                             memory.ERROR_TYPE)
-            return {**raw, "state_changes": changed} if changed else raw
-        except CaseTimeout:
-            return _lost("per-case timeout", traceback.format_exc())
-        except BaseException as exc:  # noqa: BLE001 — SystemExit, KeyboardInterrupt, a target's own
-            # BaseException subclass: the case ends here, as a crash with the exception's type; the chunk goes on.
-            if limit and memory.refused_allocation({"type": type(exc).__name__, "message": str(exc)}):
-                return _lost(memory.over_bound_note(limit), traceback.format_exc(), memory.ERROR_TYPE)
-            if isinstance(exc, MemoryError):
-                why = "out of memory"
-            elif isinstance(exc, SystemExit):
-                why = f"the case raised SystemExit({exc.code!r})"
-            else:
-                why = f"the case raised {type(exc).__name__}: {exc}"
-            return _lost(why, traceback.format_exc(), type(exc).__name__)
+            answer = child.receive(timeout + CHILD_GRACE_S if timeout else None, lambda: _keep_spare(self.config),
+                                   lambda: _send_ahead(self.config, ahead))
         finally:
-            _state["inflight"] = None
+            _state.update(inflight=None, receiving=None)
+        if _state.get("case_child") is not child:  # the next case went ahead to another child
+            child.close()
+        if isinstance(answer, Died):
+            _state["case_children_died"] = True
+            return observations.raw_text(_lost(answer.why, answer.text)), None
+        return answer.raw_text, answer.harness_error
 
     def reportinfo(self):  # type: ignore[no-untyped-def]
         return self.path, None, self.name
+
+
+def _case_child(config: pytest.Config) -> Any:
+    """The worker's case child (harness.runner.casechild): the spare, or one forked now, when there is
+    none yet or the last one died; both forked again when the worker has imported Megatron since."""
+    generation = "megatron_error" in _state
+    if _state.get("case_child_generation") != generation:  # the children lack what the worker imported since
+        for name in ("case_child", "spare_child"):
+            if (old := _state.pop(name, None)) is not None:
+                old.close()
+        _state["case_child_generation"] = generation
+    child = _state.get("case_child")
+    if child is None or not child.alive:
+        spare = _state.pop("spare_child", None)
+        child = _state["case_child"] = spare if spare is not None and spare.alive else _fork_case_child(config)
+    return child
+
+
+def _keep_spare(config: pytest.Config) -> None:
+    """Once a case child has died (a target that crashed may crash again), a spare waits, forked while a
+    case runs: the next death costs no wait for a fork."""
+    if _state.get("case_children_died") and "spare_child" not in _state:
+        _state["spare_child"] = _fork_case_child(config)
+
+
+def _send_ahead(config: pytest.Config, ahead: tuple[Any, dict[str, Any]] | None) -> None:
+    """The case child is dying of a fatal signal: the next case starts in the spare now, while the
+    kernel tears the dying one down (a process of the worker's size takes a while). Not a case that
+    needs Megatron before the worker has imported it: the child would lack it."""
+    from cases.clients import needs_megatron
+
+    if ahead is None or (needs_megatron(ahead[0]) and "megatron_error" not in _state):
+        return
+    spare = _state.pop("spare_child", None)
+    child = _state["case_child"] = spare if spare is not None and spare.alive else _fork_case_child(config)
+    child.send(ahead[1])
+    _state.update(sent_ahead=ahead[0].case_id, case_children_died=True)
+    _keep_spare(config)
+
+
+def _fork_case_child(config: pytest.Config) -> Any:
+    from harness.runner.casechild import CaseChild
+
+    for name in CHILD_PRELOAD:  # imported once here, not again by each child after a crash
+        importlib.import_module(name)
+    gc.freeze()  # the worker's objects stay out of the child's collections: their pages stay shared
+    others = [fd for name in ("case_child", "spare_child", "receiving") if (c := _state.get(name)) is not None
+              for fd in c.descriptors()]  # another child's pipes: it must see them close when the worker closes them
+    return CaseChild(lambda fields: _answer(_observe(config, fields)), [*_channel_fds(config), *others])
+
+
+def _channel_fds(config: pytest.Config) -> list[int]:
+    """The xdist channel's descriptors in a worker (execnet's pipes to the controller): never the case
+    child's, so that the controller sees the worker die when it dies, and only the worker speaks on it."""
+    fds = []
+    for plugin in config.pluginmanager.get_plugins():
+        pipes = getattr(getattr(getattr(plugin, "channel", None), "gateway", None), "_io", None)
+        for name in ("infile", "outfile"):
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                fds.append(getattr(pipes, name).fileno())
+    return fds
+
+
+def _observe(config: pytest.Config, fields: dict[str, Any]) -> dict[str, Any]:
+    """In the case child: the case's raw observation; a case that ended it (a timeout, a BaseException,
+    an allocation over the bound) is `lost`."""
+    from cases.case import Case
+    from harness.runner.records import observe
+    from harness.runner.state import guarded
+
+    case = Case(**fields)
+    limit = config.getoption("--repro-max-rss")
+    try:
+        with _alarm(config.getoption("--repro-case-timeout")), guarded() as changed:
+            config.hook.pytest_repro_case_started(case_id=case.case_id)
+            raw = observe(case, _state["spec"], _state["target"], _state.get("megatron_error"))
+        error = raw.get("error") or (raw.get("observed") or {}).get("error")
+        if limit and error and memory.refused_allocation(error):
+            return _lost(memory.over_bound_note(limit), str(error.get("traceback") or error.get("message")),
+                         memory.ERROR_TYPE)
+        return {**raw, "state_changes": changed} if changed else raw
+    except CaseTimeout:
+        return _lost("per-case timeout", traceback.format_exc())
+    except BaseException as exc:  # noqa: BLE001 — SystemExit, KeyboardInterrupt, a target's own
+        # BaseException subclass: the case ends here, as a crash with the exception's type; the chunk goes on.
+        if limit and memory.refused_allocation({"type": type(exc).__name__, "message": str(exc)}):
+            return _lost(memory.over_bound_note(limit), traceback.format_exc(), memory.ERROR_TYPE)
+        if isinstance(exc, MemoryError):
+            why = "out of memory"
+        elif isinstance(exc, SystemExit):
+            why = f"the case raised SystemExit({exc.code!r})"
+        else:
+            why = f"the case raised {type(exc).__name__}: {exc}"
+        return _lost(why, traceback.format_exc(), type(exc).__name__)
+
+
+def _answer(raw: dict[str, Any]) -> tuple[str, str | None]:
+    """What the case child hands back: the raw observation's text, and the harness error it names."""
+    observed = raw.get("observed")
+    harness_error = None
+    if observed and observed["outcome"] == "harness_error":
+        harness_error = str(observed["error"]["message"] if observed["error"] else observed["note"])
+    return observations.raw_text(raw), harness_error
 
 
 def pytest_collect_file(file_path: Path, parent: pytest.Collector) -> pytest.Collector | None:
