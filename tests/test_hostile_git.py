@@ -143,3 +143,20 @@ def test_a_changed_or_added_file_in_a_cached_revision_is_exported_again(tmp_path
     revisions.export(repo, "HEAD", tmp_path / "cache")
     assert not (exported / "transformer_engine/pytorch/ops/fuser").exists()
 
+
+
+def test_a_revision_with_an_outsized_file_is_refused_before_it_is_read(tmp_path: Path) -> None:
+    """A 400 MB file in a revision once peaked at 1.28 GB: the export now refuses a file past its
+    bound, naming it, before reading any blob, and leaves nothing in the cache."""
+    repo, cache = tmp_path / "fork", tmp_path / "cache"
+    (repo / "transformer_engine/pytorch/ops").mkdir(parents=True)
+    (repo / FUSER).write_text("# a fuser\n")
+    with (repo / "transformer_engine/weights.bin").open("wb") as big:  # zeros: a small repository all the same
+        big.truncate(safegit.MAX_FILE_BYTES + 1)
+    git(repo, "init", "-q", "-b", "main")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a fork with a large file")
+    with pytest.raises(UsageError, match=r"transformer_engine/weights.bin is 67,108,865 bytes; a file of a TE"
+                                         r" tree to test may be at most 67,108,864 bytes \(64 MiB\)"):
+        revisions.export(repo, "HEAD", cache)
+    assert not any((cache / "revisions").glob("*/")), list((cache / "revisions").iterdir())

@@ -88,17 +88,35 @@ def inside(tree_ish: str, name: str) -> str:
 _FILE_MODES = {"100644": 0o644, "100755": 0o755}
 
 
-def _listing(directory: Path, tree_ish: str, names: list[str]) -> list[tuple[str, str, str, str]]:
-    done = run(directory, "ls-tree", "-r", "-z", tree_ish, "--", *names, binary=True)
+# A TE tree's largest file is a few hundred KB; these bound what one revision may make the harness
+# hold in memory and write (a 400 MB file once peaked at 1.28 GB).
+MAX_FILE_BYTES = 64 << 20
+MAX_EXPORT_BYTES = 512 << 20
+
+
+def _listing(directory: Path, tree_ish: str, names: list[str]) -> list[tuple[str, str, str, int, str]]:
+    """(mode, kind, object id, size in bytes (0 where git gives none), path) of each entry under `names`."""
+    done = run(directory, "ls-tree", "-r", "-l", "-z", tree_ish, "--", *names, binary=True)
     if done.returncode:
         raise UsageError(f"git ls-tree {tree_ish} failed: {done.stderr.decode(errors='replace').strip()}")
     entries = []
     for line in done.stdout.decode("utf-8", errors="surrogateescape").split("\0"):
         if line:
             meta, _, path = line.partition("\t")
-            mode, kind, oid = meta.split()
-            entries.append((mode, kind, oid, path))
+            mode, kind, oid, size = meta.split()
+            entries.append((mode, kind, oid, int(size) if size.isdigit() else 0, path))
     return entries
+
+
+def _within_bounds(files: list[tuple[str, str, int, str]], what: str) -> None:
+    """A UsageError naming the file (or the total) past the bounds, before anything is read."""
+    for _, _, size, path in files:
+        if size > MAX_FILE_BYTES:
+            raise UsageError(f"{what}: {path} is {size:,} bytes; a file of a TE tree to test may be at most"
+                             f" {MAX_FILE_BYTES:,} bytes ({MAX_FILE_BYTES >> 20} MiB)")
+    if (total := sum(size for _, _, size, _ in files)) > MAX_EXPORT_BYTES:
+        raise UsageError(f"{what}: the files to export are {total:,} bytes in all; at most"
+                         f" {MAX_EXPORT_BYTES:,} bytes ({MAX_EXPORT_BYTES >> 20} MiB)")
 
 
 def _blobs(directory: Path, oids: list[str]) -> dict[str, bytes]:
@@ -124,7 +142,7 @@ def export_blobs(directory: Path, tree_ish: str, names: list[str], dest: Path, w
     entries = _listing(directory, tree_ish, names)
     gitlinks = {}
     files = []
-    for mode, kind, oid, path in entries:
+    for mode, kind, oid, size, path in entries:
         parts = Path(path).parts
         if path.startswith("/") or ".." in parts or ".git" in parts:
             raise UsageError(f"{what}: the commit holds a path outside its tree: {path!r}")
@@ -134,11 +152,12 @@ def export_blobs(directory: Path, tree_ish: str, names: list[str], dest: Path, w
             raise UsageError(f"{what}: the commit holds a symlink at {path!r}; a TE tree to test has none "
                              "(a link could point outside the tree)")
         elif kind == "blob" and mode in _FILE_MODES:
-            files.append((mode, oid, path))
+            files.append((mode, oid, size, path))
         else:
             raise UsageError(f"{what}: the commit holds {path!r} with mode {mode}, which is not a file")
-    blobs = _blobs(directory, [oid for _, oid, _ in files])
-    for mode, oid, path in files:
+    _within_bounds(files, what)
+    blobs = _blobs(directory, [oid for _, oid, _, _ in files])
+    for mode, oid, _, path in files:
         target = dest / path
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_bytes(blobs[oid])
