@@ -161,7 +161,7 @@ def render_html(run: dict[str, Any]) -> str:
         totals=reports.totals_rows(run, with_time=False), groups=groups,
         attention=reports.needs_attention(run), frame_tables=reports.frame_tables(run), perf=_perf(run.get("perf")),
         problems=run.get("problems") or [],
-        warnings=[*reports.dirty_warnings(run), *(p["problem"] for p in run.get("target_problems") or [])],
+        warnings=reports.run_warnings(run),
         patches={t["spec"]: reports.patch_text(t) for t in environment["targets"]},
         provenance={t["spec"]: reports.provenance_text(t) for t in environment["targets"]},
         role_reasons=reports.role_reasons(run), device_calls=reports.device_calls(run),

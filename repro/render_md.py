@@ -187,9 +187,8 @@ def _attention(run: dict[str, Any]) -> list[str]:
 
 
 def _warnings(run: dict[str, Any]) -> list[str]:
-    """A dirty tree, a patch that does not apply: one line each, under the verdict."""
-    lines = [f"> **{plain(w)}**" for w in reports.dirty_warnings(run)]
-    lines += [f"> **{plain(p['problem'])}**" for p in run.get("target_problems") or []]
+    """A dirty tree, a patch that does not apply, an unvouched reference: one line each, under the verdict."""
+    lines = [f"> **{plain(w)}**" for w in reports.run_warnings(run)]
     return lines + [""] if lines else []
 
 

@@ -38,7 +38,7 @@ from harness.targets.refusal import REFUSE_ENV
 from repro import rerun, validate
 from repro.formats import check_step_summary, write_all_formats
 from repro.progress import Progress, print_status_line
-from repro.reports import dirty_warnings, load_run, summarize
+from repro.reports import load_run, run_warnings, summarize
 
 
 def _progress(line: str) -> None:
@@ -157,7 +157,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         shown = printable(run, text)
         paths = write_all_formats(run, out_dir, shown)
     print_status_line(shown, paths)
-    for line in [*dirty_warnings(run), *(p["problem"] for p in run.get("target_problems") or []), *all_unmet(run)]:
+    for line in [*run_warnings(run), *all_unmet(run)]:
         print(f"repro: {printable(line)}", file=sys.stderr)
     if reason := incomplete_reason(run):
         print(f"repro: {reason}", file=sys.stderr)

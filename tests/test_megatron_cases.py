@@ -127,6 +127,8 @@ def megatron_run(tmp_path_factory: pytest.TempPathFactory) -> dict:
     assert result.returncode == 0, result.stdout + result.stderr
     run = json.loads((out / "run.json").read_text())
     run["report_md"] = (out / "report.md").read_text()
+    run["report_html"] = (out / "report.html").read_text()
+    run["stderr"] = result.stderr
     run["left_in_tmp"] = sorted(p.name for p in scratch.iterdir())
     return run
 
@@ -151,6 +153,21 @@ def test_run_reproduces_on_the_unpatched_release_at_fusers_requires_grad(megatro
     assert frames.matches_report([frames.FrameRow(**row) for row in report_case["frame_table"]])
     assert "## The bug report's frames in Megatron's traceback" in megatron_run["report_md"]
     assert f"case `{REPORT_CASE}` (2 of 2 reproduced" in megatron_run["report_md"]
+
+
+def test_every_rendering_says_which_references_the_judge_cannot_vouch_for(megatron_run: dict) -> None:
+    """The block's reference is the target's own (README, "References"): its records say so, and the
+    terminal, report.md and report.html say how many; the norm's reference is the judge's."""
+    from repro.render_md import plain
+
+    from_target = [r for r in megatron_run["results"] if r.get("reference_from")]
+    assert {r["client"] for r in from_target} == {"megatron_block"}
+    assert len(from_target) == 3 * len(RUN_TARGETS)  # recompute none, full_block, full_uniform
+    note = (f"NOTE: {len(from_target)} results (megatron_block) on {len(RUN_TARGETS)} targets were judged against a"
+            " reference the target's own worker computed: the judge cannot vouch for them")
+    assert f"> **{plain(note)}**" in megatron_run["report_md"]
+    assert f"repro: {note}" in megatron_run["stderr"]
+    assert note.replace("'", "&#39;") in megatron_run["report_html"]
 
 
 @pytest.mark.parametrize("spec", ["te-2.13.0+backport", "te-2.16.0"])
