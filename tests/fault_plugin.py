@@ -2,8 +2,8 @@
 (pytest's own environment variable): it implements the runner's
 `pytest_repro_case_started` hook and kills, hangs or exhausts the worker on the cases
 named in REPRO_TEST_INJECT_FAULTS, as JSON {"<case_id>": "segfault" | "exit" | "hang" |
-"stuck" | "allocate" | "allocate_tensor" | "gil" | "sigstop" | "kill_controller" | "orphan" | "grad_off" | a
-raise_* fault}; "stuck" hangs deaf to the per-case alarm, as a case spinning in C code
+"stuck" | "allocate" | "allocate_tensor" | "gil" | "sigstop" | "kill_controller" | "kill_worker" | "orphan" |
+"grad_off" | a raise_* fault}; "kill_worker" kills the worker the case's child was forked from; "stuck" hangs deaf to the per-case alarm, as a case spinning in C code
 would; "gil" holds the GIL in C code (deaf to the alarm, and no other thread of the worker
 runs); "sigstop" stops the worker; "kill_controller" kills the session's controller with
 the case in flight; "orphan" leaves a process of its own session behind; the raise_*
@@ -74,6 +74,9 @@ def pytest_repro_case_started(case_id: str) -> None:
         ctypes.PyDLL(None).sleep(3600)  # a C call that keeps the GIL: the worker's own threads stop too
     elif fault == "sigstop":
         os.kill(os.getpid(), signal.SIGSTOP)
+    elif fault == "kill_worker":  # the case runs in a child of the worker (harness.runner.casechild)
+        os.kill(os.getppid(), signal.SIGKILL)
+        time.sleep(3600)
     elif fault == "kill_controller":
         time.sleep(2)  # the controller has noted the case as in flight
         os.kill(_controller(), signal.SIGKILL)

@@ -42,8 +42,21 @@ def test_a_dead_worker_is_attributed_to_its_case_and_the_chunk_goes_on(tmp_path:
     dead = one_chunk[1]
     results = _run(tmp_path, cache, monkeypatch, {dead: "segfault"})
     assert results[dead]["outcome"] == "crash" and results[dead]["error"]["message"] == "worker died"
+    assert "killed by signal 11 (SIGSEGV)" in results[dead]["error"]["traceback"]
     assert all(results[c]["outcome"] != "crash" for c in one_chunk if c != dead)
-    # The cases after it ran in a follow-up session, and only they.
+    # The crash cost its case child, not the worker: the cases after it ran in the same session.
+    assert not list((tmp_path / "sessions").glob("*follow-up*"))
+
+
+def test_a_worker_that_dies_is_replaced_and_its_chunk_goes_on_in_a_follow_up(tmp_path: Path, cache: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            one_chunk: list[str]) -> None:
+    """Where the worker itself dies (its case killed it), the case in flight is its crash and the
+    cases after it run in a follow-up session, and only they."""
+    dead = one_chunk[1]
+    results = _run(tmp_path, cache, monkeypatch, {dead: "kill_worker"})
+    assert results[dead]["outcome"] == "crash" and results[dead]["error"]["message"] == "worker died"
+    assert all(results[c]["outcome"] != "crash" for c in one_chunk if c != dead)
     follow_up = json.loads((tmp_path / "sessions" / f"{rundir.session_name(TARGET)}.follow-up-1.cases.json").read_text())
     assert [Case(**c).case_id for c in follow_up["cases"]] == one_chunk[2:]
 
