@@ -100,6 +100,8 @@ def status_block(run: dict[str, Any], reviewed: bool = False) -> list[str]:
             about.append(f"fixed in {plain(info['first_fixed'])}")
         lines.append(f"**{plain(regression)}**" + (f" ({'; '.join(about)})" if about else "") + ":")
         lines += [f"- {plain(line)}" for line in said] or ["- (no headline stored)"]
+        if records := reports.unvouched(run, regression):
+            lines.append(f"- {plain(reports.unvouched_text(records))}")
         lines.append("")
     return lines
 
@@ -187,8 +189,8 @@ def _attention(run: dict[str, Any]) -> list[str]:
 
 
 def _warnings(run: dict[str, Any]) -> list[str]:
-    """A dirty tree, a patch that does not apply, an unvouched reference: one line each, under the verdict."""
-    lines = [f"> **{plain(w)}**" for w in reports.run_warnings(run)]
+    """A dirty tree, a patch that does not apply: one line each, under the verdict."""
+    lines = [f"> **{plain(w)}**" for w in reports.run_warnings(run, with_references=False)]  # said per regression
     return lines + [""] if lines else []
 
 

@@ -222,22 +222,26 @@ def dirty_warnings(run: dict[str, Any]) -> list[str]:
             for t in run["environment"]["targets"] if (t.get("provenance") or {}).get("git_state") == "dirty"]
 
 
-def unvouched_references(run: dict[str, Any]) -> list[str]:
-    """One line when results were judged against a reference the target's own worker computed
-    (a record's `reference_from`: Megatron's block), which the judge cannot vouch for."""
-    records = [r for r in run["results"] if r.get("reference_from")]
-    if not records:
-        return []
+def unvouched_text(records: list[dict[str, Any]]) -> str:
+    """How many of `records` were judged against a reference the target's own worker computed (a
+    record's `reference_from`: Megatron's block), which the judge cannot vouch for."""
     clients = ", ".join(sorted({str(r.get("client", "?")) for r in records}))
     targets = len({r["target"] for r in records})
-    return [(f"NOTE: {len(records)} results ({clients}) on {targets} target{'s' * (targets != 1)} were judged against"
-             " a reference the target's own worker computed: the judge cannot vouch for them")]
+    return (f"{len(records)} results ({clients}) on {targets} target{'s' * (targets != 1)} were judged against"
+            " a reference the target's own worker computed: the judge cannot vouch for them")
 
 
-def run_warnings(run: dict[str, Any]) -> list[str]:
-    """The lines under a run's verdict, in every rendering: dirty trees, target problems, unvouched references."""
-    return [*dirty_warnings(run), *(p["problem"] for p in run.get("target_problems") or []),
-            *unvouched_references(run)]
+def unvouched(run: dict[str, Any], regression: str | None = None) -> list[dict[str, Any]]:
+    return [r for r in run["results"] if r.get("reference_from") and regression in (None, r["regression"])]
+
+
+def run_warnings(run: dict[str, Any], with_references: bool = True) -> list[str]:
+    """The lines under a run's verdict: dirty trees, target problems and (unless a rendering says it
+    per regression) the results judged against a reference the judge cannot vouch for."""
+    lines = [*dirty_warnings(run), *(p["problem"] for p in run.get("target_problems") or [])]
+    if with_references and (records := unvouched(run)):
+        lines.append(f"NOTE: {unvouched_text(records)}")
+    return lines
 
 
 def patch_text(target: dict[str, Any]) -> str:
