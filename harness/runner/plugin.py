@@ -347,9 +347,14 @@ def _case_child(config: pytest.Config) -> Any:
         _state["case_child_generation"] = generation
     child = _state.get("case_child")
     if child is None or not child.alive:
-        spare = _state.pop("spare_child", None)
-        child = _state["case_child"] = spare if spare is not None and spare.alive else _fork_case_child(config)
+        child = _state["case_child"] = _spare_or_new(config)
     return child
+
+
+def _spare_or_new(config: pytest.Config) -> Any:
+    """The spare case child when one is alive (it takes the spare's place), else one forked now."""
+    spare = _state.pop("spare_child", None)
+    return spare if spare is not None and spare.alive else _fork_case_child(config)
 
 
 def _keep_spare(config: pytest.Config) -> None:
@@ -367,8 +372,7 @@ def _send_ahead(config: pytest.Config, ahead: tuple[Any, dict[str, Any]] | None)
 
     if ahead is None or (needs_megatron(ahead[0]) and "megatron_error" not in _state):
         return
-    spare = _state.pop("spare_child", None)
-    child = _state["case_child"] = spare if spare is not None and spare.alive else _fork_case_child(config)
+    child = _state["case_child"] = _spare_or_new(config)
     child.send(ahead[1])
     _state.update(sent_ahead=ahead[0].case_id, case_children_died=True)
     _keep_spare(config)
